@@ -1,0 +1,10 @@
+#pragma once
+
+/// @file
+/// @brief Everything streamalloc offers, in one include.
+
+#include <streamalloc/version.hpp>
+#include <streamalloc/error.hpp>
+#include <streamalloc/driver.hpp>
+#include <streamalloc/stream.hpp>
+#include <streamalloc/vmm.hpp>

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Everything that needs a GPU, in one go, for a machine that has one:
+#   1. builds for the GPU's own architecture (sm_90 on Hopper),
+#   2. runs the whole CTest suite with STREAMALLOC_REQUIRE_GPU=1, so a GPU test that cannot
+#      run fails instead of skipping; any skipped test fails this script,
+#   3. runs compute-sanitizer (memcheck) over every GPU test binary and example,
+#   4. runs the benches,
+# then prints a summary table. Logs and bench JSON go to $OUT (or ./gpu-check-out).
+#
+#   scripts/gpu-check.sh [--quick]     --quick: skip sanitizer and benches
+set -uo pipefail
+
+here=$(cd "$(dirname "$0")/.." && pwd)
+cd "$here"
+out=${OUT:-$here/gpu-check-out}
+mkdir -p "$out"
+build=${BUILD_DIR:-$here/build-gpu}
+quick=0
+[ "${1:-}" = "--quick" ] && quick=1
+
+declare -a summary=()
+failed=0
+step() {  # step <name> <command...>: runs, logs to $out/<name>.log, records the outcome
+  local name=$1; shift
+  local start=$SECONDS
+  echo "=== $name: $*"
+  if "$@" >"$out/$name.log" 2>&1; then
+    summary+=("$(printf '%-28s %-6s %4ss' "$name" ok $((SECONDS - start)))")
+  else
+    summary+=("$(printf '%-28s %-6s %4ss  (see %s.log)' "$name" FAILED $((SECONDS - start)) "$name")")
+    failed=1
+    tail -n 40 "$out/$name.log"
+  fi
+}
+
+nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader | tee "$out/gpu.txt"
+arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n1 | tr -d ' .')
+arch=${arch:-90}
+doctest_dir=""
+[ -f "$here/.deps/doctest/doctest/doctest.h" ] && doctest_dir="-DSTREAMALLOC_DOCTEST_DIR=$here/.deps/doctest"
+generator=""
+command -v ninja >/dev/null && generator="-G Ninja"
+
+build_all() {
+  cmake -S . -B "$build" $generator -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCMAKE_CUDA_ARCHITECTURES="$arch" $doctest_dir && cmake --build "$build" -j "$(nproc)"
+}
+step build build_all
+
+export STREAMALLOC_REQUIRE_GPU=1
+run_ctest() {
+  local log
+  log=$(mktemp)
+  (cd "$build" && ctest --output-on-failure -j 4 "$@") 2>&1 | tee "$log"
+  local rc=${PIPESTATUS[0]}
+  if grep -q "The following tests did not run" "$log"; then
+    echo "some tests were skipped; on a GPU machine nothing may be"
+    rc=1
+  fi
+  rm -f "$log"
+  return "$rc"
+}
+step ctest run_ctest
+# What the GPU tests printed (capabilities, driver answers): passing tests show no output above.
+for bin in "$build"/tests/gpu_*; do "$bin" >>"$out/ctest.log" 2>&1; done
+
+if [ $quick -eq 0 ]; then
+  sanitize() {
+    local rc=0
+    for bin in "$build"/tests/gpu_* "$build"/examples/streamalloc_*; do
+      [ -x "$bin" ] || continue
+      echo "--- memcheck $(basename "$bin")"
+      # The tests provoke driver errors on purpose (bad descriptors, ranges past a
+      # reservation); memcheck is here for memory errors, so API errors are not reported.
+      compute-sanitizer --tool memcheck --error-exitcode 99 --leak-check full \
+        --report-api-errors no "$bin" || rc=1
+    done
+    return $rc
+  }
+  step memcheck sanitize
+  step bench-bandwidth "$build/bench/bench_bandwidth" --json "$out/bandwidth.json"
+fi
+
+echo
+echo "== gpu-check summary ($(cat "$out/gpu.txt"))"
+printf '%s\n' "${summary[@]}"
+grep -E "tests passed" "$out/ctest.log" | head -n 1 || true
+if [ -f "$out/bench-bandwidth.log" ]; then
+  echo; sed -n '/^layout/,$p' "$out/bench-bandwidth.log"
+fi
+exit $failed

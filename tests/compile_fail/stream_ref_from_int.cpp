@@ -1,0 +1,13 @@
+// A stream handle cannot be made from an integer: `stream_ref(0)` would silently mean the
+// legacy default stream.
+// expect: use of deleted function .*stream_ref::stream_ref\(int\)
+#include <streamalloc/stream.hpp>
+
+int main() {
+#ifdef STREAMALLOC_EXPECT_FAIL
+  streamalloc::stream_ref s(0);
+#else
+  streamalloc::stream_ref s = streamalloc::stream_ref::legacy_default();
+#endif
+  return s.get() == cudaStreamLegacy ? 0 : 1;
+}

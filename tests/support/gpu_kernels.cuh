@@ -1,0 +1,63 @@
+#pragma once
+
+// Kernels the GPU tests use to write and check memory: every word gets a value derived from
+// its index and a seed, so a missed, shifted or stale write shows up as a mismatch.
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace streamalloc_test {
+
+__host__ __device__ inline std::uint32_t pattern(std::size_t i, std::uint32_t seed) {
+  std::uint64_t x = (static_cast<std::uint64_t>(i) + 1) * 0x9E3779B97F4A7C15ULL ^ seed;
+  x ^= x >> 31;
+  x *= 0xBF58476D1CE4E5B9ULL;
+  x ^= x >> 29;
+  return static_cast<std::uint32_t>(x);
+}
+
+__global__ inline void fill_kernel(std::uint32_t* p, std::size_t n, std::uint32_t seed) {
+  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::size_t{gridDim.x} * blockDim.x) {
+    p[i] = pattern(i, seed);
+  }
+}
+
+__global__ inline void check_kernel(const std::uint32_t* p, std::size_t n, std::uint32_t seed,
+                                    unsigned long long* mismatches) {
+  unsigned long long bad = 0;
+  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::size_t{gridDim.x} * blockDim.x) {
+    bad += p[i] != pattern(i, seed) ? 1 : 0;
+  }
+  if (bad != 0) atomicAdd(mismatches, bad);
+}
+
+__global__ inline void increment_kernel(std::uint32_t* p, std::size_t n) {
+  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::size_t{gridDim.x} * blockDim.x) {
+    p[i] += 1;
+  }
+}
+
+inline void fill(void* p, std::size_t bytes, std::uint32_t seed, cudaStream_t s = nullptr) {
+  fill_kernel<<<1024, 256, 0, s>>>(static_cast<std::uint32_t*>(p), bytes / 4, seed);
+}
+
+/// Counts the words of [p, p + bytes) that do not hold `seed`'s pattern; synchronizes.
+/// Returns ~0ULL if a CUDA call failed.
+inline unsigned long long mismatches(const void* p, std::size_t bytes, std::uint32_t seed) {
+  unsigned long long* d = nullptr;
+  unsigned long long h = ~0ULL;
+  if (cudaMalloc(&d, sizeof *d) != cudaSuccess) return ~0ULL;
+  if (cudaMemset(d, 0, sizeof *d) == cudaSuccess) {
+    check_kernel<<<1024, 256>>>(static_cast<const std::uint32_t*>(p), bytes / 4, seed, d);
+    if (cudaGetLastError() != cudaSuccess || cudaMemcpy(&h, d, sizeof h, cudaMemcpyDeviceToHost) != cudaSuccess) h = ~0ULL;
+  }
+  cudaFree(d);
+  return h;
+}
+
+}  // namespace streamalloc_test
