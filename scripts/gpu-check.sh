@@ -75,17 +75,26 @@ if [ $quick -eq 0 ]; then
       compute-sanitizer --tool memcheck --error-exitcode 99 --leak-check full \
         --report-api-errors no "$bin" || rc=1
     done
+    for bin in "$build"/tests/gpu_pool "$build"/tests/gpu_vmm; do
+      echo "--- racecheck $(basename "$bin")"
+      compute-sanitizer --tool racecheck --error-exitcode 99 --report-api-errors no "$bin" || rc=1
+    done
     return $rc
   }
-  step memcheck sanitize
-  step bench-bandwidth "$build/bench/bench_bandwidth" --json "$out/bandwidth.json"
+  step sanitizers sanitize
+  benches() {
+    "$build/bench/bench_pool" --json "$out/pool.json" && \
+    "$build/bench/bench_bandwidth" --json "$out/bandwidth.json" && \
+    "$build/bench/bench_vmm_costs"
+  }
+  step bench benches
 fi
 
 echo
 echo "== gpu-check summary ($(cat "$out/gpu.txt"))"
 printf '%s\n' "${summary[@]}"
 grep -E "tests passed" "$out/ctest.log" | head -n 1 || true
-if [ -f "$out/bench-bandwidth.log" ]; then
-  echo; sed -n '/^layout/,$p' "$out/bench-bandwidth.log"
+if [ -f "$out/bench.log" ]; then
+  echo; sed -n '/^1\. allocate/,/^wrote .*pool.json/p' "$out/bench.log"
 fi
 exit $failed

@@ -14,10 +14,12 @@ namespace streamalloc {
 namespace detail {
 struct cu_get_error_name_entry {
   static constexpr const char* name = "cuGetErrorName";
+  static constexpr int version = 12000;
   using pointer = decltype(&::cuGetErrorName);
 };
 struct cu_get_error_string_entry {
   static constexpr const char* name = "cuGetErrorString";
+  static constexpr int version = 12000;
   using pointer = decltype(&::cuGetErrorString);
 };
 

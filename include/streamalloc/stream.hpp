@@ -1,36 +1,82 @@
 #pragma once
 
 /// @file
-/// @brief `stream_ref`: a non-owning view of a CUDA stream.
+/// @brief Streams and events through which streamalloc learns the order of work.
 ///
-/// Only the handle for now; the pool issue adds the owning `stream` and the event handles
-/// through which the pool learns of stream ordering.
+/// `stream` / `stream_ref` and `event` / `event_ref` wrap CUDA's handles. Recording an event,
+/// waiting on one, or synchronizing the host through them tells streamalloc's pools what is
+/// ordered after what, so memory freed on one stream can be reused on another without waiting
+/// for the device. Work ordered with raw CUDA calls stays correct; it only gets less reuse.
 
-#include <streamalloc/detail/config.hpp>
+#include <streamalloc/detail/context.hpp>
+#include <streamalloc/detail/driver_api.hpp>
+#include <streamalloc/detail/ordering.hpp>
+#include <streamalloc/error.hpp>
 
+#include <cuda/stream_ref>
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
 
 namespace streamalloc {
+
+class event_ref;
+
+namespace detail {
+/// The ordering record of a raw stream handle, made on first use (one driver call per use).
+inline stream_record& resolve_stream(CUstream s) {
+  unsigned long long id = 0;
+  if (cu::cuStreamGetId_nothrow(s, &id) == CUDA_ERROR_INVALID_CONTEXT) {
+    ensure_context(0);  // the legacy or per-thread default stream of a thread with no context
+  }
+  check(cu::cuStreamGetId_nothrow(s, &id), "cuStreamGetId", [] { return std::string("identifying a stream"); });
+  stream_record& r = ordering().record(id);
+  if (r.device() < 0) {
+    CUcontext ctx = nullptr;
+    cu::cuStreamGetCtx(s, &ctx);
+    cu::cuCtxPushCurrent(ctx);
+    CUdevice d{};
+    const CUresult res = cu::cuCtxGetDevice_nothrow(&d);
+    CUcontext popped = nullptr;
+    (void)cu::cuCtxPopCurrent_nothrow(&popped);
+    check(res, "cuCtxGetDevice");
+    r.set_device(static_cast<int>(d));
+  }
+  return r;
+}
+
+/// An event's last record through streamalloc: what waiting on it proves.
+struct event_state {
+  std::mutex mutex;
+  clock_snapshot point;
+};
+}  // namespace detail
 
 /**
  * @brief A non-owning, trivially copyable reference to a CUDA stream.
  *
- * Made explicitly from a `cudaStream_t`. An integer or `nullptr` is rejected at compile time:
- * `stream_ref(0)` reads like "stream 0" but would silently mean the legacy default stream; say
- * `stream_ref::legacy_default()` or `stream_ref::per_thread_default()` instead.
+ * Made explicitly from a `cudaStream_t` or a `cuda::stream_ref`; an integer or `nullptr` is
+ * rejected at compile time (`stream_ref(0)` reads like "stream 0" but would silently mean the
+ * legacy default stream: say `stream_ref::legacy_default()`). A `stream_ref` taken from a
+ * streamalloc `stream` carries the stream's identity, so pools need no driver call to look it
+ * up; one made from a raw handle asks the driver (`cuStreamGetId`, about 50 ns) when used.
  * @code
  * cudaStream_t s;
  * cudaStreamCreate(&s);
  * streamalloc::stream_ref ref{s};
- * cudaStream_t back = ref.get();
+ * ref.synchronize();   // like cudaStreamSynchronize, and the pools learn of it
  * @endcode
  */
 class stream_ref {
  public:
   /// Views `stream`.
   constexpr explicit stream_ref(cudaStream_t stream) noexcept : stream_(stream) {}
+  /// Views a CCCL stream reference.
+  explicit stream_ref(::cuda::stream_ref s) noexcept : stream_(s.get()) {}
   /// Rejected: an integer is not a stream. Use `legacy_default()` for stream 0.
   stream_ref(int) = delete;
   /// Rejected: say `legacy_default()` or `per_thread_default()`.
@@ -47,11 +93,283 @@ class stream_ref {
   [[nodiscard]] constexpr cudaStream_t get() const noexcept { return stream_; }
   /// Explicit conversion back to the CUDA handle.
   constexpr explicit operator cudaStream_t() const noexcept { return stream_; }
+  /// Explicit conversion to CCCL's stream reference.
+  explicit operator ::cuda::stream_ref() const noexcept { return ::cuda::stream_ref(stream_); }
 
-  friend constexpr bool operator==(stream_ref, stream_ref) noexcept = default;
+  /// Same handle.
+  friend constexpr bool operator==(stream_ref a, stream_ref b) noexcept { return a.stream_ == b.stream_; }
+
+  /**
+   * @brief Makes work enqueued on this stream from now on wait for `e`'s last record
+   * (`cudaStreamWaitEvent`); the pools learn this stream is ordered after it.
+   * @throws cuda_error
+   */
+  void wait(event_ref e) const;
+
+  /**
+   * @brief Blocks the host until the stream's work is done (`cudaStreamSynchronize`). Memory
+   * freed on it before the call is then reusable by every stream, and pools apply their
+   * release thresholds.
+   * @throws cuda_error
+   */
+  void synchronize() const {
+    detail::stream_record& r = record();
+    const std::uint64_t point = r.begin_synchronize();
+    detail::check(detail::cu::cuStreamSynchronize_nothrow(stream_), "cuStreamSynchronize");
+    detail::ordering().complete_stream(r, point);
+  }
+
+  /// True if all the stream's work is done (`cudaStreamQuery`); then as `synchronize()`.
+  /// @throws cuda_error for errors other than "not ready"
+  [[nodiscard]] bool query() const {
+    detail::stream_record& r = record();
+    const std::uint64_t point = r.begin_synchronize();
+    const CUresult res = detail::cu::cuStreamQuery_nothrow(stream_);
+    if (res == CUDA_ERROR_NOT_READY) return false;
+    detail::check(res, "cuStreamQuery");
+    detail::ordering().complete_stream(r, point);
+    return true;
+  }
+
+  /// The stream's process-unique id (`cudaStreamGetId`).
+  [[nodiscard]] std::uint64_t id() const { return record().id(); }
+  /// The device the stream belongs to.
+  [[nodiscard]] int device() const { return record().device(); }
+
+  /// streamalloc's ordering record of this stream.
+  [[nodiscard]] detail::stream_record& record() const {
+    return record_ != nullptr ? *record_ : detail::resolve_stream(stream_);
+  }
 
  private:
+  friend class stream;
+  stream_ref(cudaStream_t s, detail::stream_record* r) noexcept : stream_(s), record_(r) {}
+
   cudaStream_t stream_;
+  detail::stream_record* record_ = nullptr;
 };
+
+/// How a new `stream` relates to the legacy default stream.
+enum class stream_flags : unsigned {
+  non_blocking = CU_STREAM_NON_BLOCKING,  ///< runs concurrently with the legacy default stream
+  blocking = CU_STREAM_DEFAULT,           ///< synchronizes with it
+};
+
+/**
+ * @brief An owned CUDA stream, destroyed on destruction. Converts to `stream_ref`.
+ *
+ * The fastest way to give streams to a pool: it carries its identity, so allocation on it
+ * makes no driver call.
+ * @code
+ * streamalloc::stream s;                      // non-blocking, on the current device... or:
+ * streamalloc::stream s1(0);                  // on device 0
+ * void* p = pool.allocate(1 << 20, s1);
+ * @endcode
+ */
+class stream {
+ public:
+  /// Creates a stream on `device` (-1: device 0 unless the thread has a current context).
+  /// @throws cuda_error
+  explicit stream(int device = -1, stream_flags flags = stream_flags::non_blocking, int priority = 0) {
+    CUcontext current = nullptr;
+    detail::cu::cuCtxGetCurrent(&current);
+    CUcontext target = current;
+    if (device >= 0 || current == nullptr) target = detail::primary_context(device < 0 ? 0 : device);
+    detail::cu::cuCtxPushCurrent(target);
+    CUstream s = nullptr;
+    const CUresult r = detail::cu::cuStreamCreateWithPriority_nothrow(&s, static_cast<unsigned>(flags), priority);
+    CUcontext popped = nullptr;
+    (void)detail::cu::cuCtxPopCurrent_nothrow(&popped);
+    detail::check(r, "cuStreamCreateWithPriority");
+    stream_ = s;
+    try {
+      record_ = &detail::resolve_stream(s);
+    } catch (...) {
+      (void)detail::cu::cuStreamDestroy_nothrow(s);
+      throw;
+    }
+  }
+
+  stream(stream&& o) noexcept : stream_(std::exchange(o.stream_, nullptr)), record_(std::exchange(o.record_, nullptr)) {}
+  stream& operator=(stream&& o) noexcept {
+    if (this != &o) {
+      reset();
+      stream_ = std::exchange(o.stream_, nullptr);
+      record_ = std::exchange(o.record_, nullptr);
+    }
+    return *this;
+  }
+  stream(const stream&) = delete;
+  stream& operator=(const stream&) = delete;
+  ~stream() { reset(); }
+
+  [[nodiscard]] stream_ref ref() const noexcept { return stream_ref(stream_, record_); }
+  operator stream_ref() const noexcept { return ref(); }  // NOLINT: an owner views as its ref
+  [[nodiscard]] cudaStream_t get() const noexcept { return stream_; }
+  void wait(event_ref e) const;
+  void synchronize() const { ref().synchronize(); }
+  [[nodiscard]] bool query() const { return ref().query(); }
+  [[nodiscard]] int device() const noexcept { return record_->device(); }
+
+ private:
+  void reset() noexcept {
+    if (stream_ == nullptr) return;
+    // Pools stop recording events on the stream once it is gone (its id never returns).
+    detail::ordering().retire(record_->id());
+    (void)detail::cu::cuStreamDestroy_nothrow(stream_);
+    stream_ = nullptr;
+  }
+
+  cudaStream_t stream_ = nullptr;
+  detail::stream_record* record_ = nullptr;
+};
+
+/**
+ * @brief A non-owning reference to a CUDA event.
+ *
+ * Taken from a streamalloc `event`, it carries what the event's last record proves; made from
+ * a raw `cudaEvent_t`, waiting on it orders the work but tells the pools nothing.
+ */
+class event_ref {
+ public:
+  constexpr explicit event_ref(cudaEvent_t e) noexcept : event_(e) {}
+  event_ref(int) = delete;
+  event_ref(std::nullptr_t) = delete;
+
+  [[nodiscard]] constexpr cudaEvent_t get() const noexcept { return event_; }
+  constexpr explicit operator cudaEvent_t() const noexcept { return event_; }
+  friend constexpr bool operator==(event_ref a, event_ref b) noexcept { return a.event_ == b.event_; }
+
+  /// Records the event on `s` (`cudaEventRecord`).
+  /// @throws cuda_error
+  void record(stream_ref s) const {
+    if (state_ == nullptr) {
+      detail::check(detail::cu::cuEventRecord_nothrow(event_, s.get()), "cuEventRecord");
+      return;
+    }
+    std::lock_guard lock(state_->mutex);
+    detail::clock_snapshot point = s.record().capture();
+    detail::check(detail::cu::cuEventRecord_nothrow(event_, s.get()), "cuEventRecord");
+    state_->point = std::move(point);
+  }
+
+  /// Blocks the host until the event's last record has executed (`cudaEventSynchronize`).
+  /// @throws cuda_error
+  void synchronize() const {
+    const detail::clock_snapshot point = snapshot();
+    detail::check(detail::cu::cuEventSynchronize_nothrow(event_), "cuEventSynchronize");
+    completed(point);
+  }
+
+  /// True if the last record has executed (`cudaEventQuery`).
+  /// @throws cuda_error for errors other than "not ready"
+  [[nodiscard]] bool query() const {
+    const detail::clock_snapshot point = snapshot();
+    const CUresult r = detail::cu::cuEventQuery_nothrow(event_);
+    if (r == CUDA_ERROR_NOT_READY) return false;
+    detail::check(r, "cuEventQuery");
+    completed(point);
+    return true;
+  }
+
+ private:
+  friend class event;
+  friend class stream_ref;
+  event_ref(cudaEvent_t e, detail::event_state* st) noexcept : event_(e), state_(st) {}
+
+  detail::clock_snapshot snapshot() const {
+    if (state_ == nullptr) return {};
+    std::lock_guard lock(state_->mutex);
+    return state_->point;
+  }
+  static void completed(const detail::clock_snapshot& point) {
+    if (point.stream == 0) return;
+    detail::ordering().complete(point);
+    detail::ordering().notify(point.stream);
+  }
+
+  cudaEvent_t event_;
+  detail::event_state* state_ = nullptr;
+};
+
+/**
+ * @brief An owned CUDA event (timing disabled by default), destroyed on destruction.
+ *
+ * Recording it on stream A and waiting on it from stream B, through streamalloc, lets pools
+ * reuse on B memory freed on A before the record:
+ * @code
+ * streamalloc::event e;
+ * pool.deallocate(p, a);
+ * e.record(a);
+ * b.wait(e);
+ * void* q = pool.allocate(n, b);   // may reuse p's memory, with no device synchronization
+ * @endcode
+ */
+class event {
+ public:
+  /// Creates an event in the current context (device 0's if the thread has none).
+  explicit event(bool timing = false) : state_(std::make_unique<detail::event_state>()) {
+    detail::ensure_context(0);
+    detail::check(detail::cu::cuEventCreate_nothrow(&event_, timing ? CU_EVENT_DEFAULT : CU_EVENT_DISABLE_TIMING),
+                  "cuEventCreate");
+  }
+  event(event&& o) noexcept : event_(std::exchange(o.event_, nullptr)), state_(std::move(o.state_)) {}
+  event& operator=(event&& o) noexcept {
+    if (this != &o) {
+      reset();
+      event_ = std::exchange(o.event_, nullptr);
+      state_ = std::move(o.state_);
+    }
+    return *this;
+  }
+  event(const event&) = delete;
+  event& operator=(const event&) = delete;
+  ~event() { reset(); }
+
+  [[nodiscard]] event_ref ref() const noexcept { return event_ref(event_, state_.get()); }
+  operator event_ref() const noexcept { return ref(); }  // NOLINT: an owner views as its ref
+  [[nodiscard]] cudaEvent_t get() const noexcept { return event_; }
+  void record(stream_ref s) const { ref().record(s); }
+  void synchronize() const { ref().synchronize(); }
+  [[nodiscard]] bool query() const { return ref().query(); }
+
+ private:
+  void reset() noexcept {
+    if (event_ != nullptr) (void)detail::cu::cuEventDestroy_nothrow(event_);
+    event_ = nullptr;
+  }
+  cudaEvent_t event_ = nullptr;
+  std::unique_ptr<detail::event_state> state_;
+};
+
+inline void stream_ref::wait(event_ref e) const {
+  detail::stream_record& r = record();
+  if (e.state_ == nullptr) {
+    detail::check(detail::cu::cuStreamWaitEvent_nothrow(stream_, e.event_, 0), "cuStreamWaitEvent");
+    return;
+  }
+  std::lock_guard lock(e.state_->mutex);  // the point and the wait refer to the same record
+  detail::check(detail::cu::cuStreamWaitEvent_nothrow(stream_, e.event_, 0), "cuStreamWaitEvent");
+  r.wait_for(e.state_->point);
+}
+
+inline void stream::wait(event_ref e) const { ref().wait(e); }
+
+/**
+ * @brief Blocks the host until all work on `device` is done (`cudaDeviceSynchronize`); memory
+ * freed on any of its streams before the call becomes reusable by every stream.
+ * @throws cuda_error
+ */
+inline void synchronize_device(int device) {
+  auto points = detail::ordering().begin_synchronize_all();
+  std::erase_if(points, [device](auto& p) { return p.first->device() != device; });
+  CUcontext ctx = detail::primary_context(device);
+  detail::cu::cuCtxPushCurrent(ctx);
+  const CUresult r = detail::cu::cuCtxSynchronize_nothrow();
+  CUcontext popped = nullptr;
+  (void)detail::cu::cuCtxPopCurrent_nothrow(&popped);
+  detail::check(r, "cuCtxSynchronize");
+  detail::ordering().complete_all(points);
+}
 
 }  // namespace streamalloc

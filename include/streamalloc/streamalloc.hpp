@@ -8,3 +8,4 @@
 #include <streamalloc/driver.hpp>
 #include <streamalloc/stream.hpp>
 #include <streamalloc/vmm.hpp>
+#include <streamalloc/pool.hpp>

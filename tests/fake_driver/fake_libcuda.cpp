@@ -25,6 +25,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -386,6 +387,98 @@ CUresult fake_cuMemImportFromShareableHandle(CUmemGenericAllocationHandle* h, vo
   return CUDA_SUCCESS;
 }
 
+// --- streams, events, context stack: the device runs everything at once -------------------
+
+thread_local std::vector<CUcontext> context_stack;
+
+CUresult fake_cuCtxPushCurrent(CUcontext c) {
+  if (CUresult r = need_init()) return r;
+  context_stack.push_back(current_context);
+  current_context = c;
+  return CUDA_SUCCESS;
+}
+CUresult fake_cuCtxPopCurrent(CUcontext* c) {
+  if (CUresult r = need_init()) return r;
+  if (c != nullptr) *c = current_context;
+  if (context_stack.empty()) {
+    current_context = nullptr;
+  } else {
+    current_context = context_stack.back();
+    context_stack.pop_back();
+  }
+  return CUDA_SUCCESS;
+}
+CUresult fake_cuCtxSynchronize() { return need_context(); }
+
+struct fake_stream {
+  unsigned long long id;
+  CUcontext ctx;
+};
+std::atomic<unsigned long long> next_stream_id{100};
+std::atomic<int> live_streams{0};
+std::atomic<int> live_events{0};
+
+CUresult fake_cuStreamCreateWithPriority(CUstream* s, unsigned, int) {
+  if (CUresult r = need_context()) return r;
+  *s = reinterpret_cast<CUstream>(new fake_stream{next_stream_id++, current_context});
+  ++live_streams;
+  return CUDA_SUCCESS;
+}
+CUresult fake_cuStreamDestroy(CUstream s) {
+  if (s == nullptr || reinterpret_cast<std::uintptr_t>(s) <= 2) return CUDA_ERROR_INVALID_HANDLE;
+  delete reinterpret_cast<fake_stream*>(s);
+  --live_streams;
+  return CUDA_SUCCESS;
+}
+CUresult fake_cuStreamGetId(CUstream s, unsigned long long* id) {
+  const auto v = reinterpret_cast<std::uintptr_t>(s);
+  if (v <= 2) {  // the default streams of the current context
+    if (CUresult r = need_context()) return r;
+    *id = 1 + v;
+    return CUDA_SUCCESS;
+  }
+  *id = reinterpret_cast<fake_stream*>(s)->id;
+  return CUDA_SUCCESS;
+}
+CUresult fake_cuStreamGetCtx(CUstream s, CUcontext* c) {
+  if (reinterpret_cast<std::uintptr_t>(s) <= 2) {
+    if (CUresult r = need_context()) return r;
+    *c = current_context;
+    return CUDA_SUCCESS;
+  }
+  *c = reinterpret_cast<fake_stream*>(s)->ctx;
+  return CUDA_SUCCESS;
+}
+CUresult fake_cuStreamSynchronize(CUstream) { return need_init(); }
+CUresult fake_cuStreamQuery(CUstream) { return need_init(); }
+CUresult fake_cuStreamWaitEvent(CUstream, CUevent e, unsigned) { return e == nullptr ? CUDA_ERROR_INVALID_HANDLE : CUDA_SUCCESS; }
+CUresult fake_cuEventCreate(CUevent* e, unsigned) {
+  if (CUresult r = need_context()) return r;
+  *e = reinterpret_cast<CUevent>(new int(0));
+  ++live_events;
+  return CUDA_SUCCESS;
+}
+CUresult fake_cuEventDestroy(CUevent e) {
+  if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  delete reinterpret_cast<int*>(e);
+  --live_events;
+  return CUDA_SUCCESS;
+}
+CUresult fake_cuEventRecord(CUevent e, CUstream) { return e == nullptr ? CUDA_ERROR_INVALID_HANDLE : CUDA_SUCCESS; }
+CUresult fake_cuEventQuery(CUevent e) { return e == nullptr ? CUDA_ERROR_INVALID_HANDLE : CUDA_SUCCESS; }
+CUresult fake_cuEventSynchronize(CUevent e) { return e == nullptr ? CUDA_ERROR_INVALID_HANDLE : CUDA_SUCCESS; }
+
+// The real driver hands out a newer ABI under the same name when asked for a new enough
+// version (cuStreamGetCtx_v2 from 12.5, cuCtxGetDevice_v2 and cuCtxSynchronize_v2 from 13.0).
+// These stand-ins for the newer ABIs fail loudly, so a loader asking for the wrong version is
+// caught on machines without a GPU.
+CUresult fake_newer_abi() { return CUDA_ERROR_NOT_SUPPORTED; }
+struct versioned {
+  const char* name;
+  int since;
+};
+constexpr versioned newer_abis[] = {{"cuStreamGetCtx", 12050}, {"cuCtxGetDevice", 13000}, {"cuCtxSynchronize", 13000}};
+
 struct symbol {
   const char* name;
   void* fn;
@@ -400,7 +493,11 @@ const symbol symbols[] = {
     FAKE(cuMemAddressReserve), FAKE(cuMemAddressFree), FAKE(cuMemCreate), FAKE(cuMemRelease),
     FAKE(cuMemMap), FAKE(cuMemUnmap), FAKE(cuMemSetAccess), FAKE(cuMemGetAccess),
     FAKE(cuMemGetAllocationPropertiesFromHandle), FAKE(cuMemExportToShareableHandle),
-    FAKE(cuMemImportFromShareableHandle),
+    FAKE(cuMemImportFromShareableHandle), FAKE(cuCtxPushCurrent), FAKE(cuCtxPopCurrent),
+    FAKE(cuCtxSynchronize), FAKE(cuStreamCreateWithPriority), FAKE(cuStreamDestroy),
+    FAKE(cuStreamGetId), FAKE(cuStreamGetCtx), FAKE(cuStreamSynchronize), FAKE(cuStreamQuery),
+    FAKE(cuStreamWaitEvent), FAKE(cuEventCreate), FAKE(cuEventDestroy), FAKE(cuEventRecord),
+    FAKE(cuEventQuery), FAKE(cuEventSynchronize),
 };
 #undef FAKE
 
@@ -415,6 +512,13 @@ __attribute__((visibility("default"))) CUresult cuGetProcAddress_v2(
     S().lookups[name]++;
   }
   const char* missing = std::getenv("FAKE_CUDA_MISSING");
+  for (const versioned& v : newer_abis) {
+    if (std::strcmp(v.name, name) == 0 && version >= v.since) {
+      *fn = reinterpret_cast<void*>(&fake_newer_abi);
+      if (status) *status = CU_GET_PROC_ADDRESS_SUCCESS;
+      return CUDA_SUCCESS;
+    }
+  }
   for (const symbol& s : symbols) {
     if (std::strcmp(s.name, name) == 0 && !(missing != nullptr && std::strcmp(missing, name) == 0)) {
       *fn = s.fn;
@@ -434,13 +538,15 @@ struct fake_cuda_counts {
   int physicals;
   int mappings;
   std::size_t used_device0;
+  int streams;
+  int events;
 };
 
 __attribute__((visibility("default"))) fake_cuda_counts fake_cuda_live() {
   std::lock_guard lock(S().m);
   return {static_cast<int>(S().reservations.size()), static_cast<int>(S().handles.size()),
           static_cast<int>(S().physicals.size()), static_cast<int>(S().mappings.size()),
-          S().used[0]};
+          S().used[0], live_streams.load(), live_events.load()};
 }
 
 /// For the tests: how many times cuGetProcAddress was asked for `name`.

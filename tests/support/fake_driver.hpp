@@ -20,6 +20,8 @@ struct fake_counts {
   int physicals;
   int mappings;
   std::size_t used_device0;
+  int streams;
+  int events;
 };
 
 inline void* fake_library() {

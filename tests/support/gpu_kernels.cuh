@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <algorithm>
 #include <cstdint>
 
 namespace streamalloc_test {
@@ -58,6 +59,34 @@ inline unsigned long long mismatches(const void* p, std::size_t bytes, std::uint
   }
   cudaFree(d);
   return h;
+}
+
+}  // namespace streamalloc_test
+
+namespace streamalloc_test {
+
+/// Spins for about `cycles` clock cycles, then fills: keeps a stream busy so a test can tell
+/// reuse that waited for it from reuse that did not.
+__global__ inline void slow_fill_kernel(std::uint32_t* p, std::size_t n, std::uint32_t seed, long long cycles) {
+  const long long start = clock64();
+  while (clock64() - start < cycles) {
+  }
+  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::size_t{gridDim.x} * blockDim.x) {
+    p[i] = pattern(i, seed);
+  }
+}
+
+/// Adds the number of words of [p, p + bytes) not holding `seed`'s pattern to *mismatches,
+/// in stream order; no synchronization.
+inline void check_async(const void* p, std::size_t bytes, std::uint32_t seed, unsigned long long* mismatches,
+                        cudaStream_t s) {
+  const unsigned blocks = static_cast<unsigned>(std::min<std::size_t>(256, (bytes / 4 + 255) / 256 + 1));
+  check_kernel<<<blocks, 256, 0, s>>>(static_cast<const std::uint32_t*>(p), bytes / 4, seed, mismatches);
+}
+inline void fill_async(void* p, std::size_t bytes, std::uint32_t seed, cudaStream_t s) {
+  const unsigned blocks = static_cast<unsigned>(std::min<std::size_t>(256, (bytes / 4 + 255) / 256 + 1));
+  fill_kernel<<<blocks, 256, 0, s>>>(static_cast<std::uint32_t*>(p), bytes / 4, seed);
 }
 
 }  // namespace streamalloc_test

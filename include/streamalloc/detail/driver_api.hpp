@@ -8,8 +8,11 @@
 #include <streamalloc/detail/driver_loader.hpp>
 #include <streamalloc/error.hpp>
 
+#include <cudaTypedefs.h>
+
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 namespace streamalloc::detail {
 
@@ -53,12 +56,17 @@ CUresult invoke_nothrow(Args... args) noexcept {
 }  // namespace streamalloc::detail
 
 // `#fn` is the name the driver knows (cuMemGetInfo); `&::fn` expands cuda.h's versioning macros
-// (cuMemGetInfo -> cuMemGetInfo_v2), so the pointer type matches the ABI of the headers, and
-// cuGetProcAddress is asked for the same ABI through CUDA_VERSION.
-#define STREAMALLOC_DRIVER_FUNCTION(fn)                                                            \
+// (cuMemGetInfo -> cuMemGetInfo_v2), giving the signature calls go through. `abi` is the CUDA
+// version that introduced that signature: cudaTypedefs.h names it PFN_<fn>_v<abi>, and the
+// static_assert fails the build if a future cuda.h declares `fn` differently. `request` is the
+// version cuGetProcAddress is asked for: the newest one that still has that signature.
+#define STREAMALLOC_DRIVER_FUNCTION(fn, abi, request)                                              \
   struct fn##_entry {                                                                              \
     static constexpr const char* name = #fn;                                                       \
+    static constexpr int version = request;                                                        \
     using pointer = decltype(&::fn);                                                               \
+    static_assert(std::is_same_v<pointer, PFN_##fn##_v##abi>,                                      \
+                  "cuda.h declares " #fn " with another signature than streamalloc requests");    \
   };                                                                                               \
   template <class... Args>                                                                         \
   CUresult fn##_nothrow(Args... args) noexcept {                                                   \
@@ -72,28 +80,44 @@ CUresult invoke_nothrow(Args... args) noexcept {
 
 namespace streamalloc::detail::cu {
 
-STREAMALLOC_DRIVER_FUNCTION(cuDeviceGetCount)
-STREAMALLOC_DRIVER_FUNCTION(cuDeviceGet)
-STREAMALLOC_DRIVER_FUNCTION(cuDeviceGetAttribute)
-STREAMALLOC_DRIVER_FUNCTION(cuDeviceGetName)
-STREAMALLOC_DRIVER_FUNCTION(cuDevicePrimaryCtxRetain)
-STREAMALLOC_DRIVER_FUNCTION(cuCtxGetCurrent)
-STREAMALLOC_DRIVER_FUNCTION(cuCtxSetCurrent)
-STREAMALLOC_DRIVER_FUNCTION(cuCtxGetDevice)
-STREAMALLOC_DRIVER_FUNCTION(cuMemGetInfo)
-STREAMALLOC_DRIVER_FUNCTION(cuMemAddressReserve)
-STREAMALLOC_DRIVER_FUNCTION(cuMemAddressFree)
-STREAMALLOC_DRIVER_FUNCTION(cuMemCreate)
-STREAMALLOC_DRIVER_FUNCTION(cuMemRelease)
-STREAMALLOC_DRIVER_FUNCTION(cuMemMap)
-STREAMALLOC_DRIVER_FUNCTION(cuMemUnmap)
-STREAMALLOC_DRIVER_FUNCTION(cuMemSetAccess)
-STREAMALLOC_DRIVER_FUNCTION(cuMemGetAccess)
-STREAMALLOC_DRIVER_FUNCTION(cuMemGetAllocationGranularity)
-STREAMALLOC_DRIVER_FUNCTION(cuMemGetAllocationPropertiesFromHandle)
-STREAMALLOC_DRIVER_FUNCTION(cuMemExportToShareableHandle)
-STREAMALLOC_DRIVER_FUNCTION(cuMemImportFromShareableHandle)
-STREAMALLOC_DRIVER_FUNCTION(cuMemRetainAllocationHandle)
-STREAMALLOC_DRIVER_FUNCTION(cuPointerGetAttribute)
+STREAMALLOC_DRIVER_FUNCTION(cuDeviceGetCount, 2000, 13000)
+STREAMALLOC_DRIVER_FUNCTION(cuDeviceGet, 2000, 13000)
+STREAMALLOC_DRIVER_FUNCTION(cuDeviceGetAttribute, 2000, 13000)
+STREAMALLOC_DRIVER_FUNCTION(cuDeviceGetName, 2000, 13000)
+STREAMALLOC_DRIVER_FUNCTION(cuDevicePrimaryCtxRetain, 7000, 13000)
+STREAMALLOC_DRIVER_FUNCTION(cuCtxGetCurrent, 4000, 13000)
+STREAMALLOC_DRIVER_FUNCTION(cuCtxSetCurrent, 4000, 13000)
+STREAMALLOC_DRIVER_FUNCTION(cuCtxGetDevice, 2000, 12090)
+STREAMALLOC_DRIVER_FUNCTION(cuMemGetInfo, 3020, 13000)
+STREAMALLOC_DRIVER_FUNCTION(cuMemAddressReserve, 10020, 13000)
+STREAMALLOC_DRIVER_FUNCTION(cuMemAddressFree, 10020, 13000)
+STREAMALLOC_DRIVER_FUNCTION(cuMemCreate, 10020, 13000)
+STREAMALLOC_DRIVER_FUNCTION(cuMemRelease, 10020, 13000)
+STREAMALLOC_DRIVER_FUNCTION(cuMemMap, 10020, 13000)
+STREAMALLOC_DRIVER_FUNCTION(cuMemUnmap, 10020, 13000)
+STREAMALLOC_DRIVER_FUNCTION(cuMemSetAccess, 10020, 13000)
+STREAMALLOC_DRIVER_FUNCTION(cuMemGetAccess, 10020, 13000)
+STREAMALLOC_DRIVER_FUNCTION(cuMemGetAllocationGranularity, 10020, 13000)
+STREAMALLOC_DRIVER_FUNCTION(cuMemGetAllocationPropertiesFromHandle, 10020, 13000)
+STREAMALLOC_DRIVER_FUNCTION(cuMemExportToShareableHandle, 10020, 13000)
+STREAMALLOC_DRIVER_FUNCTION(cuMemImportFromShareableHandle, 10020, 13000)
+STREAMALLOC_DRIVER_FUNCTION(cuMemRetainAllocationHandle, 11000, 13000)
+STREAMALLOC_DRIVER_FUNCTION(cuPointerGetAttribute, 4000, 13000)
+STREAMALLOC_DRIVER_FUNCTION(cuCtxPushCurrent, 4000, 13000)
+STREAMALLOC_DRIVER_FUNCTION(cuCtxPopCurrent, 4000, 13000)
+STREAMALLOC_DRIVER_FUNCTION(cuCtxSynchronize, 2000, 12090)
+STREAMALLOC_DRIVER_FUNCTION(cuDeviceCanAccessPeer, 4000, 13000)
+STREAMALLOC_DRIVER_FUNCTION(cuStreamCreateWithPriority, 5050, 13000)
+STREAMALLOC_DRIVER_FUNCTION(cuStreamDestroy, 4000, 13000)
+STREAMALLOC_DRIVER_FUNCTION(cuStreamGetId, 12000, 13000)
+STREAMALLOC_DRIVER_FUNCTION(cuStreamGetCtx, 9020, 12040)
+STREAMALLOC_DRIVER_FUNCTION(cuStreamSynchronize, 2000, 13000)
+STREAMALLOC_DRIVER_FUNCTION(cuStreamQuery, 2000, 13000)
+STREAMALLOC_DRIVER_FUNCTION(cuStreamWaitEvent, 3020, 13000)
+STREAMALLOC_DRIVER_FUNCTION(cuEventCreate, 2000, 13000)
+STREAMALLOC_DRIVER_FUNCTION(cuEventDestroy, 4000, 13000)
+STREAMALLOC_DRIVER_FUNCTION(cuEventRecord, 2000, 13000)
+STREAMALLOC_DRIVER_FUNCTION(cuEventQuery, 2000, 13000)
+STREAMALLOC_DRIVER_FUNCTION(cuEventSynchronize, 2000, 13000)
 
 }  // namespace streamalloc::detail::cu

@@ -70,7 +70,7 @@ inline driver_state load_driver() noexcept {
     auto lookup = [&](const char* name) noexcept -> void* {
       void* fn = nullptr;
       CUdriverProcAddressQueryResult found{};
-      lookup_status = s.get_proc(name, &fn, CUDA_VERSION, proc_address_flags, &found);
+      lookup_status = s.get_proc(name, &fn, 12000, proc_address_flags, &found);  // one ABI each
       return lookup_status == CUDA_SUCCESS && found == CU_GET_PROC_ADDRESS_SUCCESS ? fn : nullptr;
     };
     auto get_version = reinterpret_cast<CUresult (*)(int*)>(lookup("cuDriverGetVersion"));
@@ -116,8 +116,12 @@ inline const driver_state& driver() noexcept {
   return state;
 }
 
-/// Looks up one driver symbol; `status` says why when it returns null.
-inline void* find_driver_symbol(const char* name, CUresult& status) noexcept {
+/// Looks up one driver symbol in the ABI of CUDA `version`; `status` says why when it returns
+/// null. The version matters: the driver answers with the newest ABI up to it, and some
+/// functions changed signature under the same name (cuStreamGetCtx became three-argument in
+/// 12.5, cuCtxGetDevice and cuCtxSynchronize in 13.0), so asking with the headers' CUDA_VERSION
+/// would hand back a pointer of another signature than the declaration called through.
+inline void* find_driver_symbol(const char* name, int version, CUresult& status) noexcept {
   const driver_state& d = driver();
   if (d.get_proc == nullptr) {
     status = d.status;
@@ -125,7 +129,7 @@ inline void* find_driver_symbol(const char* name, CUresult& status) noexcept {
   }
   void* fn = nullptr;
   CUdriverProcAddressQueryResult found{};
-  CUresult r = d.get_proc(name, &fn, CUDA_VERSION, proc_address_flags, &found);
+  CUresult r = d.get_proc(name, &fn, version, proc_address_flags, &found);
   if (r == CUDA_SUCCESS && found == CU_GET_PROC_ADDRESS_SUCCESS && fn != nullptr) {
     status = CUDA_SUCCESS;
     return fn;
@@ -138,8 +142,9 @@ inline void* find_driver_symbol(const char* name, CUresult& status) noexcept {
   return nullptr;
 }
 
-/// One cached pointer per driver function. `Entry` names the function (`Entry::name`) and its
-/// pointer type (`Entry::pointer`); the lookup runs once, thread-safe, on first use.
+/// One cached pointer per driver function. `Entry` names the function (`Entry::name`), its
+/// pointer type (`Entry::pointer`) and the CUDA version whose ABI to ask for
+/// (`Entry::version`); the lookup runs once, thread-safe, on first use.
 template <class Entry>
 typename Entry::pointer driver_entry(CUresult& status) noexcept {
   struct slot {
@@ -148,7 +153,7 @@ typename Entry::pointer driver_entry(CUresult& status) noexcept {
   };
   static const slot cached = [] {
     CUresult st = CUDA_SUCCESS;
-    void* fn = find_driver_symbol(Entry::name, st);
+    void* fn = find_driver_symbol(Entry::name, Entry::version, st);
     return slot{reinterpret_cast<typename Entry::pointer>(fn), st};
   }();
   status = cached.status;

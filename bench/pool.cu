@@ -1,0 +1,442 @@
+// streamalloc's pool beside cudaMallocAsync, cudaMalloc and CUB's CachingDeviceAllocator, in one
+// process, on the same GPU, as ratios. Host time per operation is measured without device
+// synchronization inside timed loops (allocation is a host-side cost for all four).
+//
+//   bench_pool [--quick] [--json FILE]
+
+#include <streamalloc/pool.hpp>
+#include <streamalloc/stream.hpp>
+
+#include "bench_common.hpp"
+#include "trace.hpp"
+
+#include <cub/util_allocator.cuh>
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+using clk = std::chrono::steady_clock;
+constexpr std::size_t KiB = 1024, MiB = KiB * 1024, GiB = MiB * 1024;
+bool quick = false;
+std::ostringstream json_rows;
+int json_count = 0;
+
+double seconds_since(clk::time_point t) { return std::chrono::duration<double>(clk::now() - t).count(); }
+
+void json_row(const std::string& name, const std::string& fields) {
+  json_rows << (json_count++ ? ",\n" : "") << "    {\"measure\": \"" << name << "\", " << fields << "}";
+}
+
+/// The driver's pool, made like streamalloc's for a fair comparison: memory kept between uses.
+cudaMemPool_t make_driver_pool(std::uint64_t threshold = UINT64_MAX) {
+  cudaMemPoolProps props{};
+  props.allocType = cudaMemAllocationTypePinned;
+  props.location = {cudaMemLocationTypeDevice, 0};
+  cudaMemPool_t p;
+  BENCH_CHECK(cudaMemPoolCreate(&p, &props));
+  BENCH_CHECK(cudaMemPoolSetAttribute(p, cudaMemPoolAttrReleaseThreshold, &threshold));
+  return p;
+}
+
+streamalloc::pool_properties kept() {
+  streamalloc::pool_properties p;
+  p.release_threshold = SIZE_MAX;
+  return p;
+}
+
+// --- 1. same-stream pairs -------------------------------------------------------------------
+
+void same_stream_pairs() {
+  std::printf("\n1. allocate + free on one stream, ns per pair (warm pools)\n");
+  std::printf("%10s %12s %12s %12s %12s %10s %10s\n", "size", "streamalloc", "(raw handle)", "MallocAsync",
+              "CUB", "vs Async", "vs CUB");
+  streamalloc::pool pool(kept());
+  streamalloc::stream s(0);
+  cudaMemPool_t dp = make_driver_pool();
+  cub::CachingDeviceAllocator cub_alloc(8, 3, 9, 4 * GiB);  // bins to 128 MiB, so 16 MiB is cached
+  const int n = quick ? 20000 : 200000;
+  for (std::size_t size : {256ul, 4 * KiB, 64 * KiB, 1 * MiB, 16 * MiB}) {
+    auto time_pairs = [&](auto&& pair) {
+      for (int i = 0; i < 1000; ++i) pair();  // warm
+      auto t = clk::now();
+      for (int i = 0; i < n; ++i) pair();
+      return seconds_since(t) * 1e9 / n;
+    };
+    const double ours = time_pairs([&] { pool.deallocate(pool.allocate(size, s), s); });
+    const streamalloc::stream_ref raw{s.get()};
+    const double ours_raw = time_pairs([&] { pool.deallocate(pool.allocate(size, raw), raw); });
+    const double async = time_pairs([&] {
+      void* p;
+      BENCH_CHECK(cudaMallocFromPoolAsync(&p, size, dp, s.get()));
+      BENCH_CHECK(cudaFreeAsync(p, s.get()));
+    });
+    const double cub = time_pairs([&] {
+      void* p;
+      BENCH_CHECK(cub_alloc.DeviceAllocate(&p, size, s.get()));
+      BENCH_CHECK(cub_alloc.DeviceFree(p));
+    });
+    std::printf("%10zu %12.1f %12.1f %12.1f %12.1f %9.2fx %9.2fx\n", size, ours, ours_raw, async, cub, async / ours, cub / ours);
+    json_row("pair_" + std::to_string(size), "\"streamalloc_ns\": " + std::to_string(ours) + ", \"streamalloc_raw_handle_ns\": " +
+                                                 std::to_string(ours_raw) + ", \"cudaMallocAsync_ns\": " + std::to_string(async) +
+                                                 ", \"cub_ns\": " + std::to_string(cub));
+  }
+  {
+    const int m = quick ? 50 : 300;
+    auto t = clk::now();
+    for (int i = 0; i < m; ++i) {
+      void* p;
+      BENCH_CHECK(cudaMalloc(&p, 1 * MiB));
+      BENCH_CHECK(cudaFree(p));
+    }
+    const double malloc_ns = seconds_since(t) * 1e9 / m;
+    std::printf("   cudaMalloc + cudaFree, 1 MiB: %.0f ns a pair\n", malloc_ns);
+    json_row("pair_cudaMalloc_1MiB", "\"cudaMalloc_ns\": " + std::to_string(malloc_ns));
+  }
+  s.synchronize();
+  BENCH_CHECK(cudaMemPoolDestroy(dp));
+}
+
+// --- 2. 1000 live mixed sizes, then 1000 frees ------------------------------------------------
+
+void mixed_rounds() {
+  std::printf("\n2. 1000 live allocations of mixed sizes (256 B .. 1 MiB), then 1000 frees: us per round\n");
+  std::mt19937_64 rng(42);
+  std::vector<std::size_t> sizes(1000);
+  for (auto& z : sizes) z = static_cast<std::size_t>(std::exp2(std::uniform_real_distribution<double>(8, 20)(rng)));
+  streamalloc::pool pool(kept());
+  streamalloc::stream s(0);
+  cudaMemPool_t dp = make_driver_pool();
+  cub::CachingDeviceAllocator cub_alloc(8, 3, 9, 4 * GiB);
+  std::vector<void*> ptrs(sizes.size());
+  const int rounds = quick ? 20 : 200;
+  auto time_rounds = [&](auto&& alloc, auto&& free) {
+    for (int r = 0; r < 3; ++r) {  // warm
+      for (std::size_t i = 0; i < sizes.size(); ++i) ptrs[i] = alloc(sizes[i]);
+      for (void* p : ptrs) free(p);
+    }
+    std::vector<double> us;
+    for (int r = 0; r < rounds; ++r) {
+      auto t = clk::now();
+      for (std::size_t i = 0; i < sizes.size(); ++i) ptrs[i] = alloc(sizes[i]);
+      for (void* p : ptrs) free(p);
+      us.push_back(seconds_since(t) * 1e6);
+    }
+    return bench::median(us);
+  };
+  const double ours = time_rounds([&](std::size_t z) { return pool.allocate(z, s); }, [&](void* p) { pool.deallocate(p, s); });
+  const double async = time_rounds(
+      [&](std::size_t z) {
+        void* p;
+        BENCH_CHECK(cudaMallocFromPoolAsync(&p, z, dp, s.get()));
+        return p;
+      },
+      [&](void* p) { BENCH_CHECK(cudaFreeAsync(p, s.get())); });
+  const double cub = time_rounds(
+      [&](std::size_t z) {
+        void* p;
+        BENCH_CHECK(cub_alloc.DeviceAllocate(&p, z, s.get()));
+        return p;
+      },
+      [&](void* p) { BENCH_CHECK(cub_alloc.DeviceFree(p)); });
+  std::printf("   streamalloc %.1f us, cudaMallocAsync %.1f us (%.2fx), CUB %.1f us (%.2fx)\n", ours, async, async / ours,
+              cub, cub / ours);
+  json_row("mixed_1000", "\"streamalloc_us\": " + std::to_string(ours) + ", \"cudaMallocAsync_us\": " + std::to_string(async) +
+                             ", \"cub_us\": " + std::to_string(cub));
+  s.synchronize();
+  BENCH_CHECK(cudaMemPoolDestroy(dp));
+}
+
+// --- 3. threads on their own streams --------------------------------------------------------
+
+void threads_own_streams() {
+  std::printf("\n3. threads allocating and freeing 4 KiB on their own streams: million pairs/s, all threads\n");
+  std::printf("%8s %14s %14s %10s %16s\n", "threads", "streamalloc", "MallocAsync", "ratio", "streamalloc/1thr");
+  streamalloc::pool pool(kept());
+  cudaMemPool_t dp = make_driver_pool();
+  std::vector<streamalloc::stream> streams;
+  for (int i = 0; i < 16; ++i) streams.emplace_back(0);
+  const int per = quick ? 20000 : 200000;
+  double ours1 = 0;
+  for (int threads : {1, 2, 4, 8, 16}) {
+    auto run = [&](auto&& pair, int pairs) {
+      std::atomic<int> ready{0};
+      std::atomic<bool> go{false};
+      std::vector<std::thread> ts;
+      std::vector<double> secs(threads);
+      for (int t = 0; t < threads; ++t) {
+        ts.emplace_back([&, t] {
+          BENCH_CHECK(cudaSetDevice(0));
+          for (int i = 0; i < 1000; ++i) pair(t);
+          ++ready;
+          while (!go) std::this_thread::yield();
+          auto start = clk::now();
+          for (int i = 0; i < pairs; ++i) pair(t);
+          secs[t] = seconds_since(start);
+        });
+      }
+      while (ready < threads) std::this_thread::yield();
+      go = true;
+      for (auto& t : ts) t.join();
+      double slowest = 0;
+      for (double x : secs) slowest = std::max(slowest, x);
+      return threads * static_cast<double>(pairs) / slowest / 1e6;
+    };
+    const double ours = run([&](int t) { pool.deallocate(pool.allocate(4 * KiB, streams[t]), streams[t]); }, per);
+    const double async = run(
+        [&](int t) {
+          void* p;
+          BENCH_CHECK(cudaMallocFromPoolAsync(&p, 4 * KiB, dp, streams[t].get()));
+          BENCH_CHECK(cudaFreeAsync(p, streams[t].get()));
+        },
+        per / 20);
+    if (threads == 1) ours1 = ours;
+    std::printf("%8d %14.2f %14.2f %9.1fx %15.2fx\n", threads, ours, async, ours / async, ours / ours1);
+    json_row("threads_" + std::to_string(threads),
+             "\"streamalloc_mpairs_s\": " + std::to_string(ours) + ", \"cudaMallocAsync_mpairs_s\": " + std::to_string(async));
+  }
+  for (auto& s : streams) s.synchronize();
+  BENCH_CHECK(cudaMemPoolDestroy(dp));
+}
+
+// --- 4. cross-stream round --------------------------------------------------------------------
+
+void cross_stream() {
+  std::printf("\n4. allocate on A, record an event, B waits on it, free on B: ns per round\n");
+  streamalloc::pool pool(kept());
+  streamalloc::stream a(0), b(0);
+  streamalloc::event e;
+  cudaMemPool_t dp = make_driver_pool();
+  cudaEvent_t re;
+  BENCH_CHECK(cudaEventCreateWithFlags(&re, cudaEventDisableTiming));
+  const int n = quick ? 5000 : 50000;
+  auto time_rounds = [&](auto&& round) {
+    for (int i = 0; i < 1000; ++i) round();
+    BENCH_CHECK(cudaDeviceSynchronize());
+    auto t = clk::now();
+    for (int i = 0; i < n; ++i) round();
+    const double ns = seconds_since(t) * 1e9 / n;
+    BENCH_CHECK(cudaDeviceSynchronize());
+    return ns;
+  };
+  const double ours = time_rounds([&] {
+    void* p = pool.allocate(64 * KiB, a);
+    e.record(a);
+    b.wait(e);
+    pool.deallocate(p, b);
+  });
+  const double async = time_rounds([&] {
+    void* p;
+    BENCH_CHECK(cudaMallocFromPoolAsync(&p, 64 * KiB, dp, a.get()));
+    BENCH_CHECK(cudaEventRecord(re, a.get()));
+    BENCH_CHECK(cudaStreamWaitEvent(b.get(), re, 0));
+    BENCH_CHECK(cudaFreeAsync(p, b.get()));
+  });
+  const auto st = pool.statistics();
+  std::printf("   streamalloc %.0f ns, cudaMallocAsync %.0f ns (%.2fx); streamalloc reserved %zu MiB after %d rounds\n",
+              ours, async, async / ours, st.reserved_current / MiB, n);
+  json_row("cross_stream_round", "\"streamalloc_ns\": " + std::to_string(ours) + ", \"cudaMallocAsync_ns\": " +
+                                     std::to_string(async) + ", \"streamalloc_reserved_bytes\": " + std::to_string(st.reserved_current));
+  BENCH_CHECK(cudaEventDestroy(re));
+  BENCH_CHECK(cudaMemPoolDestroy(dp));
+}
+
+// --- 5. random trace: reserved memory against live bytes ---------------------------------------
+
+using bench::make_trace;
+
+void random_trace() {
+  const std::size_t live_target = quick ? 1 * GiB : 8 * GiB;
+  const int steps = quick ? 3000 : 20000;
+  std::size_t peak = 0;
+  const auto ops = make_trace(live_target, steps, peak);
+  std::printf("\n5. random trace: sizes log-uniform 4 KiB..64 MiB, %zu GiB live, %d frees; peak live %.2f GiB\n",
+              live_target / GiB, steps, double(peak) / GiB);
+  std::printf("%-34s %16s %12s %10s\n", "allocator", "reserved high", "/ peak live", "seconds");
+  streamalloc::stream s(0);
+  std::vector<void*> ptr;
+  auto run = [&](auto&& alloc, auto&& free) {
+    ptr.assign(ops.size(), nullptr);
+    auto t = clk::now();
+    for (const auto& op : ops) {
+      if (op.alloc) ptr[op.id] = alloc(op.size);
+      else free(ptr[op.id]);
+    }
+    return seconds_since(t);
+  };
+  {
+    cudaMemPool_t dp = make_driver_pool();
+    const double secs = run(
+        [&](std::size_t z) {
+          void* p;
+          BENCH_CHECK(cudaMallocFromPoolAsync(&p, z, dp, s.get()));
+          return p;
+        },
+        [&](void* p) { BENCH_CHECK(cudaFreeAsync(p, s.get())); });
+    std::uint64_t high = 0;
+    BENCH_CHECK(cudaMemPoolGetAttribute(dp, cudaMemPoolAttrReservedMemHigh, &high));
+    for (const auto& op : ops) (void)op;
+    std::printf("%-34s %13.2f GiB %12.3f %10.2f\n", "cudaMallocAsync", double(high) / GiB, double(high) / peak, secs);
+    json_row("trace_cudaMallocAsync", "\"reserved_high\": " + std::to_string(high) + ", \"peak_live\": " + std::to_string(peak));
+    // free what is still live, then give the memory back
+    std::vector<bool> freed(ptr.size(), false);
+    for (const auto& op : ops) if (!op.alloc) freed[op.id] = true;
+    for (std::size_t i = 0; i < ptr.size(); ++i) if (ptr[i] && !freed[i]) BENCH_CHECK(cudaFreeAsync(ptr[i], s.get()));
+    s.synchronize();
+    BENCH_CHECK(cudaMemPoolDestroy(dp));
+  }
+  for (bool compact : {false, true}) {
+    auto props = kept();
+    props.compact = compact;
+    const std::size_t chunk = compact ? 2 * MiB : 0;
+    streamalloc::pool pool(props);
+    const double secs = run([&](std::size_t z) { return pool.allocate(z, s); }, [&](void* p) { pool.deallocate(p, s); });
+    const auto st = pool.statistics();
+    const std::string name = chunk == 0 ? "streamalloc (default, 64 MiB chunks)" : "streamalloc (compact, 2 MiB chunks)";
+    std::printf("%-34s %13.2f GiB %12.3f %10.2f   (%zu chunks remapped)\n", name.c_str(), double(st.reserved_high) / GiB,
+                double(st.reserved_high) / peak, secs, st.remapped_chunks);
+    json_row(chunk == 0 ? "trace_streamalloc_default" : "trace_streamalloc_compact",
+             "\"reserved_high\": " + std::to_string(st.reserved_high) + ", \"peak_live\": " + std::to_string(peak) +
+                 ", \"remapped_chunks\": " + std::to_string(st.remapped_chunks) + ", \"seconds\": " + std::to_string(secs));
+    s.synchronize();
+    pool.close();
+  }
+}
+
+// --- 6. bandwidth over pool memory ---------------------------------------------------------------
+
+__global__ void copy_kernel(const uint4* __restrict__ src, uint4* __restrict__ dst, std::size_t n) {
+  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n; i += std::size_t{gridDim.x} * blockDim.x) {
+    dst[i] = src[i];
+  }
+}
+
+void bandwidth() {
+  std::printf("\n6. copy kernel and cudaMemcpy over 1 GiB buffers: pool memory against cudaMalloc memory\n");
+  const std::size_t size = 1 * GiB;
+  streamalloc::pool pool(kept());
+  streamalloc::stream s(0);
+  void *ms, *md;
+  BENCH_CHECK(cudaMalloc(&ms, size));
+  BENCH_CHECK(cudaMalloc(&md, size));
+  void* ps = pool.allocate(size, s);
+  void* pd = pool.allocate(size, s);
+  int sms = 0;
+  BENCH_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  BENCH_CHECK(cudaMemsetAsync(ms, 1, size, s.get()));
+  BENCH_CHECK(cudaMemsetAsync(ps, 1, size, s.get()));
+  const int reps = quick ? 5 : 30;
+  auto gbps = [&](auto&& op) {
+    op();
+    std::vector<double> ms_;
+    for (int i = 0; i < reps; ++i) ms_.push_back(bench::time_ms(s.get(), 1, op)[0]);
+    return 2.0 * size / (bench::median(ms_) * 1e6);
+  };
+  std::vector<double> k_m, k_p, c_m, c_p;
+  for (int round = 0; round < 3; ++round) {  // interleaved
+    k_m.push_back(gbps([&] { copy_kernel<<<sms * 8, 512, 0, s.get()>>>((const uint4*)ms, (uint4*)md, size / 16); }));
+    k_p.push_back(gbps([&] { copy_kernel<<<sms * 8, 512, 0, s.get()>>>((const uint4*)ps, (uint4*)pd, size / 16); }));
+    c_m.push_back(gbps([&] { BENCH_CHECK(cudaMemcpyAsync(md, ms, size, cudaMemcpyDeviceToDevice, s.get())); }));
+    c_p.push_back(gbps([&] { BENCH_CHECK(cudaMemcpyAsync(pd, ps, size, cudaMemcpyDeviceToDevice, s.get())); }));
+  }
+  const double km = bench::median(k_m), kp = bench::median(k_p), cm = bench::median(c_m), cp = bench::median(c_p);
+  std::printf("   copy kernel: pool %.0f GB/s, cudaMalloc %.0f GB/s (%.3f)\n", kp, km, kp / km);
+  std::printf("   cudaMemcpy:  pool %.0f GB/s, cudaMalloc %.0f GB/s (%.3f)\n", cp, cm, cp / cm);
+  json_row("bandwidth_1GiB", "\"kernel_pool\": " + std::to_string(kp) + ", \"kernel_cudaMalloc\": " + std::to_string(km) +
+                                 ", \"memcpy_pool\": " + std::to_string(cp) + ", \"memcpy_cudaMalloc\": " + std::to_string(cm));
+  pool.deallocate(ps, s);
+  pool.deallocate(pd, s);
+  s.synchronize();
+  cudaFree(ms);
+  cudaFree(md);
+}
+
+// --- 7. growing from empty to 8 GiB ----------------------------------------------------------------
+
+void growth() {
+  const std::size_t target = quick ? 1 * GiB : 8 * GiB;
+  std::printf("\n7. growing a new pool from empty to %zu GiB in use: ms\n", target / GiB);
+  std::printf("%-28s %12s %14s %10s\n", "allocations", "streamalloc", "MallocAsync", "ratio");
+  streamalloc::stream s(0);
+  for (int kind = 0; kind < 2; ++kind) {
+    std::mt19937_64 rng(5);
+    std::vector<std::size_t> sizes;
+    for (std::size_t got = 0; got < target;) {
+      const std::size_t z = kind == 0 ? 64 * MiB
+                                      : static_cast<std::size_t>(std::exp(std::uniform_real_distribution<double>(std::log(4.0 * KiB), std::log(64.0 * MiB))(rng)));
+      sizes.push_back(z);
+      got += z;
+    }
+    std::vector<void*> ptrs(sizes.size());
+    std::vector<double> ours_ms, async_ms;
+    for (int rep = 0; rep < 3; ++rep) {
+      {
+        streamalloc::pool pool(kept());
+        auto t = clk::now();
+        for (std::size_t i = 0; i < sizes.size(); ++i) ptrs[i] = pool.allocate(sizes[i], s);
+        s.synchronize();
+        ours_ms.push_back(seconds_since(t) * 1e3);
+        for (void* p : ptrs) pool.deallocate(p, s);
+        s.synchronize();
+      }
+      {
+        cudaMemPool_t dp = make_driver_pool();
+        auto t = clk::now();
+        for (std::size_t i = 0; i < sizes.size(); ++i) BENCH_CHECK(cudaMallocFromPoolAsync(&ptrs[i], sizes[i], dp, s.get()));
+        s.synchronize();
+        async_ms.push_back(seconds_since(t) * 1e3);
+        for (void* p : ptrs) BENCH_CHECK(cudaFreeAsync(p, s.get()));
+        s.synchronize();
+        BENCH_CHECK(cudaMemPoolDestroy(dp));
+      }
+    }
+    const double o = bench::median(ours_ms), a = bench::median(async_ms);
+    const char* name = kind == 0 ? "64 MiB each" : "random 4 KiB..64 MiB";
+    std::printf("%-28s %12.2f %14.2f %9.2fx\n", name, o, a, a / o);
+    json_row(std::string("growth_") + (kind == 0 ? "64MiB" : "random"),
+             "\"streamalloc_ms\": " + std::to_string(o) + ", \"cudaMallocAsync_ms\": " + std::to_string(a));
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bench::require_gpu("bench_pool");
+  std::string json;
+  std::string only;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--quick")) quick = true;
+    else if (!std::strcmp(argv[i], "--json") && i + 1 < argc) json = argv[++i];
+    else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
+  }
+  BENCH_CHECK(cudaSetDevice(0));
+  BENCH_CHECK(cudaFree(nullptr));
+  const bench::gpu_info gpu = bench::describe_gpu();
+  auto want = [&](const char* k) { return only.empty() || only.find(k) != std::string::npos; };
+  if (want("pairs")) same_stream_pairs();
+  if (want("mixed")) mixed_rounds();
+  if (want("threads")) threads_own_streams();
+  if (want("cross")) cross_stream();
+  if (want("trace")) random_trace();
+  if (want("bandwidth")) bandwidth();
+  if (want("growth")) growth();
+  if (!json.empty()) {
+    std::ofstream out(json);
+    out << "{\n  \"bench\": \"pool\",\n  \"gpu\": \"" << bench::json_escape(gpu.name) << "\",\n  \"driver\": " << gpu.driver
+        << ",\n  \"runtime\": " << gpu.runtime << ",\n  \"quick\": " << (quick ? "true" : "false") << ",\n  \"rows\": [\n"
+        << json_rows.str() << "\n  ]\n}\n";
+    std::printf("\nwrote %s\n", json.c_str());
+  }
+  return 0;
+}

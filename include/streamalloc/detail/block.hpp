@@ -1,0 +1,66 @@
+#pragma once
+
+// A block: a range of the pool's mapped addresses, live or free. Blocks are recycled through
+// the pool's own list, so the allocation paths never call the system allocator for them.
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace streamalloc::detail {
+
+class free_bins;
+
+enum class block_state : std::uint8_t {
+  live,     ///< handed out, in the live table
+  cached,   ///< freed, in its stream's fast cache (not coalesced)
+  pending,  ///< freed, in its stream's pending bins: reusable by that stream, others need proof
+  clear,    ///< freed and known complete: reusable by every stream
+};
+
+struct block {
+  std::uint64_t addr = 0;
+  std::uint64_t size = 0;
+  // Address neighbours within one contiguous mapped run; null at the run's ends.
+  block* prev_addr = nullptr;
+  block* next_addr = nullptr;
+  // Links in the bin list that holds the block while it is free.
+  block* prev_free = nullptr;
+  block* next_free = nullptr;
+  free_bins* bins = nullptr;  ///< the bins that hold it, while free
+  std::uint64_t stream = 0;   ///< stream it was freed on (0: none, for clear blocks)
+  std::uint64_t stamp = 0;    ///< the free's stamp on that stream
+  std::uint32_t bin = 0;
+  block_state state = block_state::clear;
+};
+
+/// Owns block records; hands out recycled ones. Not thread-safe: used under the pool's lock.
+class block_arena {
+ public:
+  block* make(std::uint64_t addr, std::uint64_t size) {
+    block* b;
+    if (!spare_.empty()) {
+      b = spare_.back();
+      spare_.pop_back();
+      *b = block{};
+    } else {
+      if (next_ == per_slab) {
+        slabs_.push_back(std::make_unique<block[]>(per_slab));
+        next_ = 0;
+      }
+      b = &slabs_.back()[next_++];
+    }
+    b->addr = addr;
+    b->size = size;
+    return b;
+  }
+  void recycle(block* b) { spare_.push_back(b); }
+
+ private:
+  static constexpr std::size_t per_slab = 1024;
+  std::vector<std::unique_ptr<block[]>> slabs_;
+  std::size_t next_ = per_slab;
+  std::vector<block*> spare_;
+};
+
+}  // namespace streamalloc::detail

@@ -1,0 +1,146 @@
+#pragma once
+
+// Live allocations by address: what deallocate looks up, and what tells a foreign or double
+// free from a good one. Sharded by address, each shard an open-addressing table behind its own
+// spin lock, so threads freeing different blocks rarely meet.
+
+#include <streamalloc/detail/block.hpp>
+
+#include <atomic>
+#include <cstdint>
+#include <thread>
+#include <vector>
+
+namespace streamalloc::detail {
+
+/// A test-and-test-and-set lock for critical sections of a few dozen instructions.
+class spin_lock {
+ public:
+  void lock() noexcept {
+    for (unsigned spins = 0;; ++spins) {
+      if (!locked_.exchange(true, std::memory_order_acquire)) return;
+      while (locked_.load(std::memory_order_relaxed)) {
+        if (++spins > 64) std::this_thread::yield();
+      }
+    }
+  }
+  bool try_lock() noexcept { return !locked_.exchange(true, std::memory_order_acquire); }
+  void unlock() noexcept { locked_.store(false, std::memory_order_release); }
+
+ private:
+  std::atomic<bool> locked_{false};
+};
+
+class live_table {
+ public:
+  live_table() : shards_(shard_count) {}
+
+  void insert(std::uint64_t addr, block* b) {
+    shard& s = shard_of(addr);
+    std::lock_guard lock(s.lock);
+    if ((s.used + s.tombstones + 1) * 4 > s.slots.size() * 3) s.grow();
+    s.put(addr, b);
+  }
+
+  /// Removes and returns the block at `addr`; null if no live block starts there.
+  block* erase(std::uint64_t addr) noexcept {
+    shard& s = shard_of(addr);
+    std::lock_guard lock(s.lock);
+    if (s.slots.empty()) return nullptr;
+    for (std::size_t i = s.home(addr);; i = (i + 1) & (s.slots.size() - 1)) {
+      slot& e = s.slots[i];
+      if (e.addr == addr) {
+        block* b = e.b;
+        e.addr = tombstone;
+        e.b = nullptr;
+        --s.used;
+        ++s.tombstones;
+        return b;
+      }
+      if (e.addr == empty) return nullptr;
+    }
+  }
+
+  [[nodiscard]] block* find(std::uint64_t addr) noexcept {
+    shard& s = shard_of(addr);
+    std::lock_guard lock(s.lock);
+    if (s.slots.empty()) return nullptr;
+    for (std::size_t i = s.home(addr);; i = (i + 1) & (s.slots.size() - 1)) {
+      const slot& e = s.slots[i];
+      if (e.addr == addr) return e.b;
+      if (e.addr == empty) return nullptr;
+    }
+  }
+
+  template <class Fn>
+  void for_each(Fn&& fn) {
+    for (shard& s : shards_) {
+      std::lock_guard lock(s.lock);
+      for (const slot& e : s.slots) {
+        if (e.addr != empty && e.addr != tombstone) fn(e.b);
+      }
+    }
+  }
+
+  [[nodiscard]] std::size_t size() noexcept {
+    std::size_t n = 0;
+    for (shard& s : shards_) {
+      std::lock_guard lock(s.lock);
+      n += s.used;
+    }
+    return n;
+  }
+
+ private:
+  static constexpr std::uint64_t empty = 0;
+  static constexpr std::uint64_t tombstone = 1;  // addresses are 256-aligned, never 1
+  static constexpr std::size_t shard_count = 64;
+
+  struct slot {
+    std::uint64_t addr = empty;
+    block* b = nullptr;
+  };
+
+  struct alignas(64) shard {
+    spin_lock lock;
+    std::vector<slot> slots;
+    std::size_t used = 0;
+    std::size_t tombstones = 0;
+
+    [[nodiscard]] std::size_t home(std::uint64_t addr) const noexcept {
+      return static_cast<std::size_t>((addr >> 8) * 0x9E3779B97F4A7C15ULL >> 20) & (slots.size() - 1);
+    }
+    void put(std::uint64_t addr, block* b) noexcept {
+      for (std::size_t i = home(addr);; i = (i + 1) & (slots.size() - 1)) {
+        slot& e = slots[i];
+        if (e.addr == empty || e.addr == tombstone) {
+          if (e.addr == tombstone) --tombstones;
+          e.addr = addr;
+          e.b = b;
+          ++used;
+          return;
+        }
+      }
+    }
+    void grow() {
+      std::vector<slot> old = std::move(slots);
+      const std::size_t n = old.empty() ? 64 : (used * 4 > old.size() ? old.size() * 2 : old.size());
+      slots.assign(n, slot{});
+      used = 0;
+      tombstones = 0;
+      for (const slot& e : old) {
+        if (e.addr != empty && e.addr != tombstone) put(e.addr, e.b);
+      }
+    }
+  };
+
+  // Fibonacci hashing of the 256-byte-aligned address: blocks a power of two apart (threads'
+  // blocks at k * 4 KiB, say) spread over all shards instead of a few.
+  shard& shard_of(std::uint64_t addr) noexcept {
+    return shards_[static_cast<std::size_t>(((addr >> 8) * 0x9E3779B97F4A7C15ULL) >> 58)];
+  }
+
+  std::vector<shard> shards_;
+};
+
+}  // namespace streamalloc::detail

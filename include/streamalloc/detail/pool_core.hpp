@@ -1,0 +1,1047 @@
+#pragma once
+
+// The pool's allocator, free of CUDA: it runs against a Backend that provides physical memory
+// and device events, so the whole algorithm is exercised on the CPU by tests with a simulated
+// backend (tests/cpu/pool_core_test.cpp), and on the GPU through the VMM backend (pool.hpp).
+//
+// Where free blocks live:
+//   a stream's fast cache   blocks freed on that stream, reusable by it at once; whole blocks
+//                           only, no coalescing, guarded by the stream's own lock: the
+//                           allocation fast path takes no pool-wide lock and calls no driver
+//   a stream's pending bins blocks freed on that stream and coalesced: reusable by that stream,
+//                           by others once ordered after the free or once it completed
+//   the clear bins          blocks every stream may reuse
+// Structural changes (split, merge, growth, remapping, release) happen under the pool lock.
+//
+// Backend requirements (see tests/cpu/pool_core_test.cpp for a simulated one):
+//   using handle = ...;           physical memory
+//   using event = ...;            a device event
+//   std::uint64_t granularity();
+//   std::uint64_t reserve(std::uint64_t bytes);            base address of new virtual addresses
+//   CUresult create(std::uint64_t bytes, handle& out);     CUDA_ERROR_OUT_OF_MEMORY when no memory
+//   void map(std::uint64_t va, std::uint64_t bytes, handle&);   map and grant access
+//   void unmap(std::uint64_t va, std::uint64_t bytes);
+//   void release(handle&);
+//   event record(const stream_key&);   bool done(event&);   void wait(const stream_key&, event&);
+//   bool idle(const stream_key&);      has the stream executed all its work?
+//   void synchronize(event&);          void destroy(event&);
+
+#include <streamalloc/detail/block.hpp>
+#include <streamalloc/detail/free_bins.hpp>
+#include <streamalloc/detail/live_table.hpp>
+#include <streamalloc/detail/ordering.hpp>
+
+#include <cuda.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+#include <deque>
+#include <iterator>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace streamalloc::detail {
+
+/// A stream as the pool sees it: its ordering record and its CUDA handle.
+struct stream_key {
+  stream_record* record = nullptr;
+  void* native = nullptr;  ///< cudaStream_t
+};
+
+/// What the pool may reuse across streams; each can be switched off per pool.
+struct reuse_options {
+  bool follow_event_dependencies = true;
+  bool opportunistic = true;
+  bool internal_dependencies = true;
+};
+
+struct core_options {
+  std::uint64_t max_size = 0;           ///< 0: no limit but the device's memory
+  std::uint64_t release_threshold = 0;  ///< free bytes kept at synchronization points
+  std::uint64_t chunk_size = 0;         ///< physical memory is created in chunks of this
+  bool own_chunk_for_large = true;      ///< a request >= chunk_size gets one chunk of its size
+  std::uint64_t address_space = 0;      ///< virtual addresses reserved up front
+  reuse_options reuse;
+};
+
+struct core_statistics {
+  std::uint64_t reserved_current = 0, reserved_high = 0;
+  std::uint64_t used_current = 0, used_high = 0;
+  std::uint64_t live_allocations = 0;
+  std::uint64_t free_clear = 0;        ///< free bytes every stream may reuse
+  std::uint64_t free_pending = 0;      ///< free bytes awaiting proof of ordering
+  std::uint64_t largest_free_block = 0;
+  std::uint64_t chunks = 0;
+  std::uint64_t remapped_chunks = 0;   ///< chunks moved to defragment, since creation
+  std::uint64_t grows = 0;
+};
+
+/// Thrown by the core when memory cannot be found; pool.hpp turns it into out_of_memory.
+struct core_out_of_memory {
+  std::uint64_t requested = 0;
+  std::string reason;
+};
+
+template <class Backend>
+class pool_core final : public completion_listener {
+ public:
+  using handle = typename Backend::handle;
+  using event = typename Backend::event;
+
+  pool_core(Backend backend, core_options o) : backend_(std::move(backend)), options_(o) {
+    granularity_ = backend_.granularity();
+    if (options_.chunk_size == 0) options_.chunk_size = 64ull << 20;
+    options_.chunk_size = round_up(options_.chunk_size, granularity_);
+    if (options_.max_size != 0) options_.max_size = round_up(options_.max_size, granularity_);
+    va_size_ = round_up(options_.address_space, granularity_);
+    va_base_ = backend_.reserve(va_size_);
+    va_free_.emplace(va_base_, va_size_);
+    serial_ = next_serial().fetch_add(1, std::memory_order_relaxed) + 1;
+    ordering().add_listener(this);
+  }
+
+  pool_core(const pool_core&) = delete;
+  pool_core& operator=(const pool_core&) = delete;
+
+  ~pool_core() { ordering().remove_listener(this); }
+
+  /// Tears the pool down: waits for the frees still pending on the device, then releases all
+  /// physical memory. Returns the live allocations that were never freed (count, bytes).
+  std::pair<std::uint64_t, std::uint64_t> shutdown() noexcept {
+    std::lock_guard lock(mutex_);
+    std::uint64_t count = 0, bytes = 0;
+    live_.for_each([&](block* b) {
+      ++count;
+      bytes += b->size;
+    });
+    for (auto& [id, st] : states_) {
+      for (auto& pe : st->events) {
+        backend_.synchronize(pe.ev);
+        backend_.destroy(pe.ev);
+      }
+      st->events.clear();
+    }
+    for (auto& [va, c] : chunks_) {
+      backend_.unmap(va, c.size);
+      backend_.release(c.h);
+    }
+    chunks_.clear();
+    reserved_ = 0;
+    return {count, bytes};
+  }
+
+  [[nodiscard]] std::uint64_t granularity() const noexcept { return granularity_; }
+  [[nodiscard]] const core_options& options() const noexcept { return options_; }
+  [[nodiscard]] std::uint64_t base() const noexcept { return va_base_; }
+  [[nodiscard]] std::uint64_t address_space() const noexcept { return va_size_; }
+  [[nodiscard]] bool owns(std::uint64_t p) const noexcept { return p - va_base_ < va_size_; }
+  Backend& backend() noexcept { return backend_; }
+
+  void set_release_threshold(std::uint64_t t) {
+    std::lock_guard lock(mutex_);
+    options_.release_threshold = t;
+  }
+  void set_reuse(reuse_options r) {
+    std::lock_guard lock(mutex_);
+    options_.reuse = r;
+  }
+
+  // --- allocation --------------------------------------------------------------------------
+
+  /// Rounds `bytes` to the pool's quantum (256) and returns a block's address, ordered on `s`.
+  /// Throws core_out_of_memory when nothing can be found.
+  std::uint64_t allocate(std::uint64_t bytes, stream_key s) {
+    const std::uint64_t n = round_up(bytes == 0 ? 1 : bytes, free_bins::quantum);
+    stream_state& st = state_for(s);
+    st.lock.lock();
+    // A block freed on this stream, of n's own bin or the next (at most 1/16 larger).
+    block* b = st.cache.find(n, [](block*) { return true; }, free_bins::bin_of(n) + 1, 8);
+    if (b == nullptr) {
+      st.lock.unlock();
+      return allocate_slow(n, st, s);
+    }
+    st.cache.remove(b);
+    st.cache_bytes -= b->size;
+    set_state(b, block_state::live);
+    account_allocate(st, b->size);
+    st.lock.unlock();
+    live_.insert(b->addr, b);
+    return b->addr;
+  }
+
+  /// Ends the lifetime of the block at `p` in the order of stream `s`.
+  /// Throws std::invalid_argument, changing nothing, for a pointer that is not a live block.
+  void deallocate(std::uint64_t p, stream_key s) {
+    block* b = live_.erase(p);
+    if (b == nullptr) [[unlikely]] {
+      throw std::invalid_argument(explain_bad_free(p));
+    }
+    stream_state& st = state_for(s);
+    const std::uint64_t stamp = st.record->stamp();
+    b->stream = st.record->id();
+    b->stamp = stamp;
+    {
+      std::lock_guard lock(st.lock);
+      account_free(st, b->size);
+      if (st.cache.count() < max_cached_blocks && st.cache_bytes + b->size <= cache_limit()) {
+        set_state(b, block_state::cached);
+        st.cache.insert(b);
+        st.cache_bytes += b->size;
+        return;
+      }
+    }
+    std::lock_guard lock(mutex_);
+    free_pending(b, st);
+  }
+
+  // --- queries -----------------------------------------------------------------------------
+
+  core_statistics statistics() {
+    std::lock_guard lock(mutex_);
+    core_statistics s;
+    s.reserved_current = reserved_;
+    s.reserved_high = reserved_high_;
+    std::int64_t used = 0, count = 0;
+    for (auto& [id, st] : states_) {
+      used += st->live_bytes.load(std::memory_order_relaxed);
+      count += st->live_count.load(std::memory_order_relaxed);
+    }
+    s.used_current = static_cast<std::uint64_t>(std::max<std::int64_t>(used, 0));
+    note_used(s.used_current);
+    s.used_high = used_high_.load(std::memory_order_relaxed);
+    s.live_allocations = static_cast<std::uint64_t>(std::max<std::int64_t>(count, 0));
+    s.free_clear = clear_.bytes();
+    s.largest_free_block = clear_.largest();
+    for (auto& [id, st] : states_) {
+      std::lock_guard sl(st->lock);
+      s.free_pending += st->pending.bytes() + st->cache_bytes;
+      s.largest_free_block = std::max({s.largest_free_block, st->pending.largest(), st->cache.largest()});
+    }
+    s.chunks = chunks_.size();
+    s.remapped_chunks = remapped_;
+    s.grows = grows_;
+    return s;
+  }
+
+  void reset_high_water() {
+    std::lock_guard lock(mutex_);
+    reserved_high_ = reserved_;
+    std::int64_t used = 0;
+    for (auto& [id, st] : states_) {
+      used += st->live_bytes.load(std::memory_order_relaxed);
+      st->peak_seen = st->live_bytes.load(std::memory_order_relaxed);
+    }
+    used_high_.store(static_cast<std::uint64_t>(std::max<std::int64_t>(used, 0)), std::memory_order_relaxed);
+  }
+
+  /// The live block starting at or containing `p`, if any: (start, size).
+  std::optional<std::pair<std::uint64_t, std::uint64_t>> find_live(std::uint64_t p) {
+    if (block* b = live_.find(p)) return std::pair{b->addr, b->size};
+    std::lock_guard lock(mutex_);
+    auto it = by_addr_.upper_bound(p);
+    if (it == by_addr_.begin()) return std::nullopt;
+    block* b = std::prev(it)->second;
+    if (p < b->addr + b->size && state_of(b) == block_state::live) return std::pair{b->addr, b->size};
+    return std::nullopt;
+  }
+
+  // --- physical memory -----------------------------------------------------------------------
+
+  /// Releases free physical memory until at most `keep` bytes of it remain (whole chunks only,
+  /// and only memory whose frees are known to have completed).
+  void trim_to(std::uint64_t keep) {
+    std::lock_guard lock(mutex_);
+    settle_all(/*query_events=*/true);
+    release_free_chunks(keep);
+  }
+
+  /// The stream is going away: its cached frees join its pending bins, covered by one last
+  /// event recorded while the handle is still valid; nothing is recorded on it afterwards.
+  void on_retire(std::uint64_t stream) noexcept override {
+    try {
+      std::lock_guard lock(mutex_);
+      auto it = states_.find(stream);
+      if (it == states_.end()) return;
+      stream_state& st = *it->second;
+      flush_cache(st);
+      if (st.native != nullptr && !st.pending.empty() && st.newest_stamp > st.last_event_epoch) {
+        clock_snapshot point = st.record->capture();
+        st.events.push_back({backend_.record({st.record, st.native}), point.epoch});
+        st.last_event_epoch = point.epoch;
+      }
+      st.native = nullptr;
+    } catch (...) {
+      if (auto it = states_.find(stream); it != states_.end()) it->second->native = nullptr;
+    }
+  }
+
+  /// Called by the ordering registry after a host synchronization (or device-wide one).
+  void on_synchronize(std::uint64_t stream) noexcept override {
+    try {
+      std::lock_guard lock(mutex_);
+      if (stream == 0) {
+        settle_all(false);
+      } else if (auto it = states_.find(stream); it != states_.end()) {
+        flush_cache(*it->second);
+        settle(*it->second, false);
+      }
+      release_free_chunks(options_.release_threshold);
+    } catch (...) {
+      // Only bad_alloc can get here; memory stays cached, which is always safe.
+    }
+  }
+
+ private:
+  static constexpr std::size_t max_cached_blocks = 4096;
+
+  struct pending_event {
+    event ev;
+    std::uint64_t epoch;  ///< frees stamped <= epoch precede the event
+  };
+
+  struct alignas(128) stream_state {
+    explicit stream_state(stream_key k) : record(k.record), native(k.native) {}
+    spin_lock lock;
+    stream_record* record;
+    void* native;
+    free_bins cache;  // under lock
+    std::uint64_t cache_bytes = 0;
+    free_bins pending;                 // under the pool lock
+    std::deque<pending_event> events;  // under the pool lock
+    std::uint64_t last_event_epoch = 0;
+    std::uint64_t newest_stamp = 0;    // of the frees moved into pending, under the pool lock
+    std::atomic<std::int64_t> live_bytes{0};
+    std::atomic<std::int64_t> live_count{0};
+    std::int64_t peak_seen = 0;  // under lock
+  };
+
+  struct chunk {
+    std::uint64_t size;
+    handle h;
+  };
+
+  static std::uint64_t round_up(std::uint64_t v, std::uint64_t to) { return (v + to - 1) / to * to; }
+  static std::atomic<std::uint64_t>& next_serial() {
+    static std::atomic<std::uint64_t> s{0};
+    return s;
+  }
+  static block_state state_of(block* b) noexcept {
+    return std::atomic_ref<block_state>(b->state).load(std::memory_order_acquire);
+  }
+  static void set_state(block* b, block_state s) noexcept {
+    std::atomic_ref<block_state>(b->state).store(s, std::memory_order_release);
+  }
+
+  std::uint64_t cache_limit() const noexcept {
+    return std::max<std::uint64_t>(256ull << 20, reserved_seen_.load(std::memory_order_relaxed) / 4);
+  }
+
+  // --- per-stream state ----------------------------------------------------------------------
+
+  stream_state& state_for(stream_key s) {
+    const std::uint64_t id = s.record->id();
+    struct tls_entry {
+      std::uint64_t pool = 0, stream = 0;
+      stream_state* state = nullptr;
+    };
+    thread_local std::array<tls_entry, 4> recent{};
+    for (auto& e : recent) {
+      if (e.pool == serial_ && e.stream == id) return *e.state;
+    }
+    stream_state* st;
+    {
+      std::lock_guard lock(mutex_);
+      auto& slot = states_[id];
+      if (!slot) {
+        slot = std::make_unique<stream_state>(s);
+        // Publish a new list for lock-free readers; old lists stay alive with the pool.
+        auto list = std::make_unique<std::vector<stream_state*>>(state_list_snapshot());
+        list->push_back(slot.get());
+        state_list_.store(list.get(), std::memory_order_release);
+        state_lists_.push_back(std::move(list));
+      }
+      st = slot.get();
+    }
+    std::rotate(recent.rbegin(), recent.rbegin() + 1, recent.rend());
+    recent[0] = {serial_, id, st};
+    return *st;
+  }
+
+  void account_allocate(stream_state& st, std::uint64_t size) noexcept {
+    const auto v = st.live_bytes.fetch_add(static_cast<std::int64_t>(size), std::memory_order_relaxed) +
+                   static_cast<std::int64_t>(size);
+    st.live_count.fetch_add(1, std::memory_order_relaxed);
+    // A new peak for this stream may be a new peak for the pool: sum every stream then. Exact
+    // when one stream allocates at a time; otherwise a peak made of several streams' moments
+    // is seen when one of them reaches a peak of its own.
+    if (v > st.peak_seen) {
+      st.peak_seen = v;
+      std::int64_t sum = 0;
+      if (const auto* list = state_list_.load(std::memory_order_acquire)) {
+        for (stream_state* other : *list) sum += other->live_bytes.load(std::memory_order_relaxed);
+      }
+      note_used(static_cast<std::uint64_t>(std::max<std::int64_t>(sum, 0)));
+    }
+  }
+  void account_free(stream_state& st, std::uint64_t size) noexcept {
+    st.live_bytes.fetch_sub(static_cast<std::int64_t>(size), std::memory_order_relaxed);
+    st.live_count.fetch_sub(1, std::memory_order_relaxed);
+  }
+  void note_used(std::uint64_t v) noexcept {
+    std::uint64_t h = used_high_.load(std::memory_order_relaxed);
+    while (v > h && !used_high_.compare_exchange_weak(h, v, std::memory_order_relaxed)) {
+    }
+  }
+  // The list of states, readable without the pool lock: states are only ever added.
+  std::vector<stream_state*> state_list_snapshot() noexcept {
+    std::vector<stream_state*>* list = state_list_.load(std::memory_order_acquire);
+    return list != nullptr ? *list : std::vector<stream_state*>{};
+  }
+
+  // --- the slow path -------------------------------------------------------------------------
+
+  std::uint64_t allocate_slow(std::uint64_t n, stream_state& st, stream_key s) {
+    std::lock_guard lock(mutex_);
+    flush_cache(st);
+    block* b = find_usable(n, st);
+    if (b == nullptr) {
+      // Others' cached frees, and whatever completed since we last looked.
+      // Including this stream's own pending frees: once known complete they may be remapped.
+      for (auto& [id, other] : states_) flush_cache(*other);
+      settle_all(options_.reuse.opportunistic);
+      b = find_usable(n, st);
+    }
+    if (b == nullptr) b = join_adjacent(n, st);
+    if (b == nullptr) b = defragment(n, st);
+    if (b == nullptr) b = grow(n, st);
+    if (b == nullptr && options_.reuse.internal_dependencies) b = wait_for_pending(n, st, s);
+    if (b == nullptr) {
+      // Last resort before failing: memory parked in the release cache of whole free chunks is
+      // already counted as free; nothing else can be done without the caller synchronizing.
+      core_out_of_memory e;
+      e.requested = n;
+      e.reason = describe_state();
+      throw e;
+    }
+    take(b, n);
+    set_state(b, block_state::live);
+    account_allocate(st, b->size);
+    live_.insert(b->addr, b);
+    return b->addr;
+  }
+
+  /// Best fit among the blocks `st` may use: clear ones, its own, and others' it is ordered
+  /// after.
+  block* find_usable(std::uint64_t n, stream_state& st) {
+    block* best = clear_.find(n, [](block*) { return true; });
+    if (block* mine = st.pending.find(n, [](block*) { return true; })) {
+      if (best == nullptr || mine->size < best->size) best = mine;
+    }
+    if (options_.reuse.follow_event_dependencies) {
+      for (auto& [id, other] : states_) {
+        if (other.get() == &st || other->pending.empty()) continue;
+        const std::uint64_t after = st.record->ordered_after(id);
+        const std::uint64_t done = other->record->completed();
+        const std::uint64_t limit = std::max(after, done);
+        if (limit == 0) continue;
+        if (block* b = other->pending.find(n, [limit](block* x) { return x->stamp <= limit; })) {
+          if (best == nullptr || b->size < best->size) best = b;
+        }
+      }
+    }
+    return best;
+  }
+
+  /// Free blocks `st` may use but that sit in different bins (clear ones, and pending ones of
+  /// `st`) do not coalesce with each other. When nothing else fits, find the smallest run of
+  /// adjacent such blocks that holds `n` bytes and merge it into `st`'s pending bins (it is
+  /// about to be used by `st`). Null when no run is large enough.
+  block* join_adjacent(std::uint64_t n, stream_state& st) {
+    auto usable = [&](block* x) {
+      if (x == nullptr) return false;
+      const block_state s = state_of(x);
+      return (s == block_state::clear && x->bins == &clear_) || (s == block_state::pending && x->bins == &st.pending);
+    };
+    block* best_start = nullptr;
+    std::uint64_t best_size = 0;
+    auto consider = [&](block* b) {
+      if (usable(b->prev_addr)) return;  // not the start of a run
+      std::uint64_t total = 0;
+      int parts = 0;
+      for (block* x = b; usable(x); x = x->next_addr) {
+        total += x->size;
+        ++parts;
+      }
+      if (parts > 1 && total >= n && (best_start == nullptr || total < best_size)) {
+        best_start = b;
+        best_size = total;
+      }
+    };
+    clear_.for_each(consider);
+    st.pending.for_each(consider);
+    if (best_start == nullptr) return nullptr;
+    // Merge the run into its first block.
+    block* head = best_start;
+    head->bins->remove(head);
+    std::uint64_t stamp = head->stamp;
+    while (usable(head->next_addr)) {
+      block* x = head->next_addr;
+      x->bins->remove(x);
+      head->size += x->size;
+      stamp = std::max(stamp, x->stamp);
+      unlink(x);
+    }
+    head->stream = st.record->id();
+    head->stamp = stamp;
+    set_state(head, block_state::pending);
+    st.pending.insert(head);
+    return head;
+  }
+
+  /// Takes `n` bytes from the front of free block `b` (split if larger), removing it from its
+  /// bins. The remainder stays where `b` was, with its tag.
+  void take(block* b, std::uint64_t n) {
+    free_bins* bins = b->bins;
+    bins->remove(b);
+    if (b->size - n >= free_bins::quantum) {
+      block* rest = arena_.make(b->addr + n, b->size - n);
+      rest->stream = b->stream;
+      rest->stamp = b->stamp;
+      rest->state = b->state;
+      rest->prev_addr = b;
+      rest->next_addr = b->next_addr;
+      if (b->next_addr != nullptr) b->next_addr->prev_addr = rest;
+      b->next_addr = rest;
+      b->size = n;
+      by_addr_[rest->addr] = rest;
+      bins->insert(rest);
+    }
+  }
+
+  /// Moves a stream's fast cache into its pending bins, coalescing.
+  void flush_cache(stream_state& st) {
+    std::vector<block*> blocks;
+    {
+      std::lock_guard lock(st.lock);
+      if (st.cache.empty()) return;
+      blocks.reserve(st.cache.count());
+      st.cache.for_each([&](block* b) {
+        st.cache.remove(b);
+        blocks.push_back(b);
+      });
+      st.cache_bytes = 0;
+    }
+    for (block* b : blocks) free_pending(b, st);
+  }
+
+  /// Puts a freed block into its stream's pending bins, merging with free neighbours of the
+  /// same stream.
+  void free_pending(block* b, stream_state& st) {
+    st.newest_stamp = std::max(st.newest_stamp, b->stamp);
+    set_state(b, block_state::pending);
+    b = merge_neighbours(b, &st.pending, &clear_);
+    b->stream = st.record->id();
+    set_state(b, block_state::pending);  // the survivor may have been a clear neighbour
+    st.pending.insert(b);
+  }
+
+  /// Merges `b` with its address neighbours that sit in `bins` (and, when `b` is clear, only
+  /// with clear neighbours). Returns the merged block, not yet inserted.
+  block* merge_neighbours(block* b, free_bins* bins, free_bins* also = nullptr) {
+    // The state is read first: a cached or live neighbour may change concurrently (the fast
+    // path), but never into pending or clear, which only happens under the pool lock.
+    auto mergeable = [&](block* x) {
+      if (x == nullptr) return false;
+      const block_state s = state_of(x);
+      return (s == block_state::pending || s == block_state::clear) && (x->bins == bins || (also != nullptr && x->bins == also));
+    };
+    while (mergeable(b->prev_addr)) {
+      block* p = b->prev_addr;
+      p->bins->remove(p);
+      p->stream = b->stream;
+      p->size += b->size;
+      p->stamp = std::max(p->stamp, b->stamp);
+      unlink(b);
+      b = p;
+    }
+    while (mergeable(b->next_addr)) {
+      block* x = b->next_addr;
+      x->bins->remove(x);
+      b->size += x->size;
+      b->stamp = std::max(b->stamp, x->stamp);
+      unlink(x);
+    }
+    return b;
+  }
+
+  /// Removes `x` from the address chain (it has been absorbed by its predecessor).
+  void unlink(block* x) {
+    if (x->prev_addr != nullptr) x->prev_addr->next_addr = x->next_addr;
+    if (x->next_addr != nullptr) x->next_addr->prev_addr = x->prev_addr;
+    by_addr_.erase(x->addr);
+    arena_.recycle(x);
+  }
+
+  /// Moves a stream's pending blocks whose frees are known complete to the clear bins.
+  /// With `query_events`, asks the device about the pool's own events on the stream first.
+  void settle(stream_state& st, bool query_events) {
+    if (query_events && st.native != nullptr && !st.pending.empty() && st.newest_stamp > st.record->completed()) {
+      // An idle stream has executed everything enqueued before the question, frees included:
+      // the cheapest proof there is (one query), and complete, where an event only covers the
+      // frees made before it was recorded.
+      const std::uint64_t point = st.record->begin_synchronize();
+      if (backend_.idle({st.record, st.native})) {
+        st.record->mark_completed(point);
+        for (const auto& [other, epoch] : st.record->clock()) ordering().record(other).mark_completed(epoch);
+      }
+    }
+    if (query_events) {
+      // Record an event covering the frees made since the last one, so a later look can tell.
+      // One event per stream per look, not one per free.
+      if (st.native != nullptr && !st.pending.empty() && st.newest_stamp > st.last_event_epoch &&
+          st.newest_stamp > st.record->completed()) {
+        stream_key k{st.record, st.native};
+        clock_snapshot point = st.record->capture();
+        st.events.push_back({backend_.record(k), point.epoch});
+        st.last_event_epoch = point.epoch;
+      }
+      while (!st.events.empty() && backend_.done(st.events.front().ev)) {
+        st.record->mark_completed(st.events.front().epoch);
+        backend_.destroy(st.events.front().ev);
+        st.events.pop_front();
+      }
+    }
+    const std::uint64_t done = st.record->completed();
+    if (done == 0 || st.pending.empty()) return;
+    std::vector<block*> ready;
+    st.pending.for_each([&](block* b) {
+      if (b->stamp <= done) {
+        st.pending.remove(b);
+        ready.push_back(b);
+      }
+    });
+    // Merging may absorb a later block of `ready` into an earlier one's neighbour chain only
+    // once that later block is clear, i.e. after its own turn here, so none is used recycled.
+    for (block* b : ready) make_clear(b);
+  }
+
+  void make_clear(block* b) {
+    set_state(b, block_state::clear);
+    b->stream = 0;
+    b->stamp = 0;
+    b = merge_neighbours(b, &clear_);
+    clear_.insert(b);
+  }
+
+  void settle_all(bool query_events, stream_state* except = nullptr) {
+    for (auto& [id, st] : states_) {
+      if (st.get() != except) settle(*st, query_events);
+    }
+  }
+
+  // --- growth, defragmentation, release --------------------------------------------------------
+
+  /// Unmapped addresses: first fit of `bytes`, preferring right after `after` if free there.
+  std::optional<std::uint64_t> take_va(std::uint64_t bytes, std::uint64_t after = 0) {
+    if (after != 0) {
+      auto it = va_free_.upper_bound(after);
+      if (it != va_free_.begin()) {
+        --it;
+        if (it->first <= after && it->first + it->second >= after + bytes) {
+          carve_va(it, after, bytes);
+          return after;
+        }
+      }
+    }
+    for (auto it = va_free_.begin(); it != va_free_.end(); ++it) {
+      if (it->second >= bytes) {
+        const std::uint64_t at = it->first;
+        carve_va(it, at, bytes);
+        return at;
+      }
+    }
+    return std::nullopt;
+  }
+  void carve_va(std::map<std::uint64_t, std::uint64_t>::iterator it, std::uint64_t at, std::uint64_t bytes) {
+    const std::uint64_t start = it->first, size = it->second;
+    va_free_.erase(it);
+    if (at > start) va_free_.emplace(start, at - start);
+    if (at + bytes < start + size) va_free_.emplace(at + bytes, start + size - at - bytes);
+  }
+  void give_back_va(std::uint64_t at, std::uint64_t bytes) {
+    auto next = va_free_.lower_bound(at);
+    if (next != va_free_.end() && next->first == at + bytes) {
+      bytes += next->second;
+      next = va_free_.erase(next);
+    }
+    if (next != va_free_.begin()) {
+      auto prev = std::prev(next);
+      if (prev->first + prev->second == at) {
+        prev->second += bytes;
+        return;
+      }
+    }
+    va_free_.emplace(at, bytes);
+  }
+
+  /// The free block `st` may use that ends a mapped run with unmapped addresses after it, the
+  /// largest such: growing or remapping there extends it instead of starting a new run.
+  block* extendable_tail(stream_state& st) {
+    block* best = nullptr;
+    for (auto& [start, end] : runs_) {
+      auto it = by_addr_.lower_bound(end);
+      if (it == by_addr_.begin()) continue;
+      block* last = std::prev(it)->second;
+      const block_state ls = state_of(last);
+      if (ls != block_state::clear && ls != block_state::pending) continue;
+      if (last->bins != &clear_ && last->bins != &st.pending) continue;
+      auto va = va_free_.find(end);
+      if (va == va_free_.end()) continue;
+      if (best == nullptr || last->size > best->size) best = last;
+    }
+    return best;
+  }
+
+  /// Maps `c` at `va` and puts it in the address chain as a free block of `bins`, merged with a
+  /// free neighbour before it.
+  block* place_chunk(std::uint64_t va, chunk c, free_bins* bins, stream_state* st) {
+    backend_.map(va, c.size, c.h);
+    const std::uint64_t size = c.size;
+    chunks_.emplace(va, std::move(c));
+    block* b = arena_.make(va, size);
+    by_addr_[va] = b;
+    // Join the run ending at va, if any; and the run starting at va + size, if any.
+    auto run_before = runs_.end();
+    for (auto it = runs_.begin(); it != runs_.end(); ++it) {
+      if (it->second == va) run_before = it;
+    }
+    auto run_after = runs_.find(va + size);
+    std::uint64_t run_start = va, run_end = va + size;
+    if (run_before != runs_.end()) {
+      run_start = run_before->first;
+      block* prev = std::prev(by_addr_.find(va))->second;
+      prev->next_addr = b;
+      b->prev_addr = prev;
+      runs_.erase(run_before);
+    }
+    if (run_after != runs_.end()) {
+      run_end = run_after->second;
+      block* next = by_addr_.find(va + size)->second;
+      next->prev_addr = b;
+      b->next_addr = next;
+      runs_.erase(run_after);
+    }
+    runs_[run_start] = run_end;
+    if (bins == &clear_) {
+      set_state(b, block_state::clear);
+    } else {
+      set_state(b, block_state::pending);
+      b->stream = st->record->id();
+      b->stamp = 0;  // fresh memory: ordered before everything
+    }
+    b = merge_neighbours(b, bins);
+    bins->insert(b);
+    return b;
+  }
+
+  /// Grows the pool for a request of `n` bytes on `st`. Null when the limit or the device
+  /// says no.
+  block* grow(std::uint64_t n, stream_state& st) {
+    const bool own = n >= options_.chunk_size && options_.own_chunk_for_large;
+    // One handle of its own for a large request: copies over it run at full speed. Otherwise
+    // chunks, extending the free block at the end of a mapped run when there is one.
+    block* tail = own ? nullptr : extendable_tail(st);
+    // Extending the tail needs free addresses right after it for what is missing; else the
+    // new memory goes elsewhere and must hold the whole request.
+    if (tail != nullptr) {
+      const std::uint64_t missing = round_up(n - std::min(n, tail->size), options_.chunk_size);
+      auto room = va_free_.find(tail->addr + tail->size);
+      if (room == va_free_.end() || room->second < missing) tail = nullptr;
+    }
+    const std::uint64_t have = tail != nullptr ? tail->size : 0;
+    const std::uint64_t need = round_up(n - std::min(n, have), granularity_);
+    std::vector<std::uint64_t> sizes;
+    if (own) {
+      sizes.push_back(round_up(n, granularity_));
+    } else if (options_.max_size != 0 && reserved_ + round_up(need, options_.chunk_size) > options_.max_size) {
+      sizes.push_back(need);  // a smaller piece still fits under the limit
+    } else {
+      for (std::uint64_t got = 0; got < std::max<std::uint64_t>(need, 1); got += options_.chunk_size) {
+        sizes.push_back(options_.chunk_size);
+      }
+    }
+    std::uint64_t total = 0;
+    for (auto z : sizes) total += z;
+    if (options_.max_size != 0 && reserved_ + total > options_.max_size) return nullptr;
+    std::vector<handle> handles(sizes.size());
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      CUresult r = backend_.create(sizes[i], handles[i]);
+      if (r != CUDA_SUCCESS && release_free_chunks(0) != 0) r = backend_.create(sizes[i], handles[i]);
+      if (r != CUDA_SUCCESS) {
+        for (std::size_t j = 0; j < i; ++j) backend_.release(handles[j]);
+        return nullptr;
+      }
+    }
+    // Releasing free chunks above may have taken the tail with them.
+    if (tail != nullptr && !own) {
+      tail = extendable_tail(st);
+      if (tail == nullptr || tail->size + total < n) tail = nullptr;
+    }
+    std::optional<std::uint64_t> va;
+    if (tail != nullptr) va = take_va(total, tail->addr + tail->size);
+    if (!va && (tail != nullptr && total < n)) {
+      // Cannot happen (room was checked above, and releasing chunks only frees addresses);
+      // guard anyway rather than map too little.
+      for (auto& h : handles) backend_.release(h);
+      return nullptr;
+    }
+    if (!va) va = take_va(total);
+    if (!va) {
+      for (auto& h : handles) backend_.release(h);
+      return nullptr;
+    }
+    reserved_ += total;
+    reserved_high_ = std::max(reserved_high_, reserved_);
+    reserved_seen_.store(reserved_, std::memory_order_relaxed);
+    ++grows_;
+    free_bins* bins = (tail != nullptr && tail->bins == &st.pending) ? &st.pending : &clear_;
+    std::uint64_t at = *va;
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      place_chunk(at, chunk{sizes[i], std::move(handles[i])}, bins, &st);
+      at += sizes[i];
+    }
+    return find_usable(n, st);
+  }
+
+  struct free_chunk {
+    std::uint64_t va, size;
+    std::uint64_t block_size;  ///< of the free block holding it
+  };
+
+  /// The chunks lying wholly inside clear free blocks (only memory known to be unused may be
+  /// unmapped: remapping memory a kernel still reads would fault).
+  std::vector<free_chunk> free_chunks() {
+    std::vector<free_chunk> out;
+    for (auto& [va, c] : chunks_) {
+      auto it = by_addr_.upper_bound(va);
+      block* b = std::prev(it)->second;
+      if (state_of(b) == block_state::clear && b->addr <= va && b->addr + b->size >= va + c.size) {
+        out.push_back({va, c.size, b->size});
+      }
+    }
+    return out;
+  }
+
+  /// Cuts [va, va + size) out of the clear block holding it and out of the address chain.
+  void cut_out(std::uint64_t va, std::uint64_t size) {
+    block* b = std::prev(by_addr_.upper_bound(va))->second;
+    clear_.remove(b);
+    block* before = nullptr;
+    block* after = nullptr;
+    if (b->addr < va) {
+      before = arena_.make(b->addr, va - b->addr);
+    }
+    if (b->addr + b->size > va + size) {
+      after = arena_.make(va + size, b->addr + b->size - va - size);
+    }
+    block* prev = b->prev_addr;
+    block* next = b->next_addr;
+    by_addr_.erase(b->addr);
+    arena_.recycle(b);
+    if (before != nullptr) {
+      before->prev_addr = prev;
+      if (prev != nullptr) prev->next_addr = before;
+      by_addr_[before->addr] = before;
+      set_state(before, block_state::clear);
+      clear_.insert(before);
+    } else if (prev != nullptr) {
+      prev->next_addr = nullptr;
+    }
+    if (after != nullptr) {
+      after->next_addr = next;
+      if (next != nullptr) next->prev_addr = after;
+      by_addr_[after->addr] = after;
+      set_state(after, block_state::clear);
+      clear_.insert(after);
+    } else if (next != nullptr) {
+      next->prev_addr = nullptr;
+    }
+    // Split the run containing the cut.
+    auto run = std::prev(runs_.upper_bound(va));
+    const std::uint64_t run_start = run->first, run_end = run->second;
+    runs_.erase(run);
+    if (run_start < va) runs_[run_start] = va;
+    if (va + size < run_end) runs_[va + size] = run_end;
+  }
+
+  /// Defragments: when the clear memory in whole free chunks would hold `n` bytes, remaps those
+  /// chunks next to each other (after the largest extendable free block if there is one).
+  block* defragment(std::uint64_t n, stream_state& st) {
+    auto movable = free_chunks();
+    std::uint64_t total = 0;
+    for (auto& m : movable) total += m.size;
+    block* tail = extendable_tail(st);
+    // The tail counts only if the chunks can go right after it.
+    if (tail != nullptr) {
+      auto room = va_free_.find(tail->addr + tail->size);
+      if (room == va_free_.end() || room->second < n - std::min(n, tail->size)) tail = nullptr;
+    }
+    const std::uint64_t have = tail != nullptr ? tail->size : 0;
+    if (total + have < n) return nullptr;
+    // Take chunks out of the smallest free blocks first, so the large free blocks stay whole
+    // for large requests (this matters more to fragmentation than the number of remaps).
+    std::sort(movable.begin(), movable.end(), [](const free_chunk& a, const free_chunk& b) {
+      return a.block_size != b.block_size ? a.block_size < b.block_size : a.va < b.va;
+    });
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> picked;
+    std::uint64_t got = have;
+    for (auto& m : movable) {
+      if (got >= n) break;
+      // Chunks under the tail block stay: moving them would shrink what they are to extend.
+      if (tail != nullptr && m.va < tail->addr + tail->size && tail->addr < m.va + m.size) continue;
+      picked.emplace_back(m.va, m.size);
+      got += m.size;
+    }
+    if (got < n) {
+      tail = nullptr;  // without the tail: from scratch
+      picked.clear();
+      got = 0;
+      for (auto& m : movable) {
+        if (got >= n) break;
+        picked.emplace_back(m.va, m.size);
+        got += m.size;
+      }
+      if (got < n) return nullptr;
+    }
+    std::uint64_t bytes = 0;
+    for (auto& m : picked) bytes += m.second;
+    std::optional<std::uint64_t> at;
+    const std::uint64_t tail_end = tail != nullptr ? tail->addr + tail->size : 0;
+    if (tail != nullptr) at = take_va(bytes, tail_end);
+    if (!at && tail != nullptr && bytes < n) return nullptr;  // would not hold the request alone
+    if (!at) {
+      at = take_va(bytes);
+      if (!at) return nullptr;
+    }
+    std::uint64_t dst = *at;
+    for (auto& [va, size] : picked) {
+      cut_out(va, size);
+      auto node = chunks_.extract(va);
+      backend_.unmap(va, size);
+      give_back_va(va, size);
+      place_chunk(dst, std::move(node.mapped()), &clear_, &st);
+      dst += size;
+      ++remapped_;
+    }
+    return find_usable(n, st);
+  }
+
+  /// Releases whole free chunks, highest address first, until free memory is at most `keep`.
+  /// Returns the bytes released.
+  std::uint64_t release_free_chunks(std::uint64_t keep) {
+    std::uint64_t free_bytes = clear_.bytes();
+    for (auto& [id, st] : states_) free_bytes += st->pending.bytes();
+    if (free_bytes <= keep) return 0;
+    auto movable = free_chunks();
+    std::uint64_t released = 0;
+    for (auto it = movable.rbegin(); it != movable.rend() && free_bytes > keep; ++it) {
+      const std::uint64_t va = it->va, size = it->size;
+      cut_out(va, size);
+      auto node = chunks_.extract(va);
+      backend_.unmap(va, size);
+      backend_.release(node.mapped().h);
+      give_back_va(va, size);
+      reserved_ -= size;
+      free_bytes -= size;
+      released += size;
+    }
+    reserved_seen_.store(reserved_, std::memory_order_relaxed);
+    return released;
+  }
+
+  /// Internal dependencies: make `s` wait for another stream's frees, so their blocks become
+  /// usable. Tries streams in turn; each costs an event record and a stream wait.
+  block* wait_for_pending(std::uint64_t n, stream_state& st, stream_key s) {
+    for (auto& [id, other] : states_) {
+      if (other.get() == &st || other->pending.empty() || other->native == nullptr) continue;
+      if (other->pending.largest() < n) continue;
+      stream_key k{other->record, other->native};
+      clock_snapshot point = other->record->capture();
+      event ev = backend_.record(k);
+      backend_.wait(s, ev);
+      st.record->wait_for(point);  // recorded whatever the policies: it is a real ordering
+      other->events.push_back({ev, point.epoch});
+      other->last_event_epoch = std::max(other->last_event_epoch, point.epoch);
+      const std::uint64_t limit = point.epoch;
+      if (block* b = other->pending.find(n, [limit](block* x) { return x->stamp <= limit; })) return b;
+    }
+    return nullptr;
+  }
+
+  std::string describe_state() {
+    std::uint64_t pending = 0;
+    for (auto& [id, st] : states_) pending += st->pending.bytes();
+    std::string m = "reserved " + std::to_string(reserved_) + " bytes";
+    if (options_.max_size != 0) m += " of at most " + std::to_string(options_.max_size);
+    m += ", free " + std::to_string(clear_.bytes()) + " (largest block " + std::to_string(clear_.largest()) +
+         "), awaiting stream order " + std::to_string(pending);
+    return m;
+  }
+
+  std::string explain_bad_free(std::uint64_t p) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(p));
+    if (!owns(p)) return std::string("streamalloc::pool::deallocate: ") + buf + " was not allocated from this pool";
+    std::lock_guard lock(mutex_);
+    auto it = by_addr_.upper_bound(p);
+    if (it != by_addr_.begin()) {
+      block* b = std::prev(it)->second;
+      if (p < b->addr + b->size) {
+        if (state_of(b) == block_state::live) {
+          return std::string("streamalloc::pool::deallocate: ") + buf +
+                 " points inside an allocation, not at its start";
+        }
+        if (b->addr == p) {
+          return std::string("streamalloc::pool::deallocate: ") + buf + " is already free (double free)";
+        }
+      }
+    }
+    return std::string("streamalloc::pool::deallocate: ") + buf +
+           " is not a live allocation of this pool (freed already, or never returned by allocate)";
+  }
+
+  Backend backend_;
+  core_options options_;
+  std::uint64_t granularity_ = 0;
+  std::uint64_t va_base_ = 0, va_size_ = 0;
+  std::uint64_t serial_ = 0;
+
+  std::mutex mutex_;  // the pool lock
+  free_bins clear_;
+  block_arena arena_;
+  std::map<std::uint64_t, block*> by_addr_;           // every block, live or free
+  std::map<std::uint64_t, chunk> chunks_;             // mapped physical memory by address
+  std::map<std::uint64_t, std::uint64_t> runs_;       // contiguous mapped runs: start -> end
+  std::map<std::uint64_t, std::uint64_t> va_free_;    // unmapped addresses: start -> size
+  std::unordered_map<std::uint64_t, std::unique_ptr<stream_state>> states_;
+  std::atomic<std::vector<stream_state*>*> state_list_{nullptr};
+  std::vector<std::unique_ptr<std::vector<stream_state*>>> state_lists_;  // kept alive
+  std::uint64_t reserved_ = 0, reserved_high_ = 0;
+  std::atomic<std::uint64_t> reserved_seen_{0};
+  std::atomic<std::uint64_t> used_high_{0};
+  std::uint64_t remapped_ = 0, grows_ = 0;
+
+  live_table live_;
+};
+
+}  // namespace streamalloc::detail

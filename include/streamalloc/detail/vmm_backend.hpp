@@ -1,0 +1,124 @@
+#pragma once
+
+// The pool core's backend on the real driver: physical memory through the VMM layer, device
+// events through the driver, pooled per context (an event belongs to the context it was made
+// in, and a stream's events must be made in the stream's context).
+
+#include <streamalloc/access.hpp>
+#include <streamalloc/address_reservation.hpp>
+#include <streamalloc/detail/context.hpp>
+#include <streamalloc/detail/driver_api.hpp>
+#include <streamalloc/detail/pool_core.hpp>
+#include <streamalloc/mapping.hpp>
+#include <streamalloc/physical_allocation.hpp>
+
+#include <map>
+#include <unordered_map>
+#include <vector>
+
+namespace streamalloc::detail {
+
+class vmm_backend {
+ public:
+  using handle = physical_allocation;
+  struct event {
+    CUevent ev = nullptr;
+    CUcontext ctx = nullptr;
+  };
+
+  vmm_backend(memory_location where, allocation_options options, std::vector<access_descriptor> access)
+      : where_(where), options_(options), access_(std::move(access)) {}
+  vmm_backend(vmm_backend&&) noexcept = default;
+  vmm_backend& operator=(vmm_backend&&) noexcept = default;
+
+  ~vmm_backend() {
+    maps_.clear();
+    for (auto& [ctx, list] : spare_events_) {
+      for (CUevent e : list) (void)cu::cuEventDestroy_nothrow(e);
+    }
+  }
+
+  std::uint64_t granularity() { return allocation_granularity(where_, granularity_kind::minimum, options_); }
+
+  std::uint64_t reserve(std::uint64_t bytes) {
+    va_ = address_reservation(bytes, granularity());
+    return va_.address();
+  }
+
+  CUresult create(std::uint64_t bytes, handle& out) {
+    try {
+      out = physical_allocation(bytes, where_, options_);
+      return CUDA_SUCCESS;
+    } catch (const cuda_error& e) {
+      if (e.code() == CUDA_ERROR_OUT_OF_MEMORY) return e.code();
+      throw;  // not a shortage: a real error, reported as such
+    }
+  }
+
+  void map(std::uint64_t va, std::uint64_t bytes, handle& h) {
+    mapping m(va, h, 0, bytes);
+    set_access(va, bytes, access_);
+    maps_.emplace(va, std::move(m));
+  }
+  void unmap(std::uint64_t va, std::uint64_t) noexcept { maps_.erase(va); }
+  void release(handle& h) noexcept { h = physical_allocation(); }
+
+  /// Grants another location access to everything mapped now (and, through access_, later).
+  void add_access(access_descriptor d) {
+    for (auto& a : access_) {
+      if (a.location == d.location) {
+        a.flags = d.flags;
+        d.flags = access_flags::none;
+      }
+    }
+    if (d.flags != access_flags::none) access_.push_back(d);
+    for (auto& [va, m] : maps_) set_access(va, m.size(), access_);
+  }
+  const std::vector<access_descriptor>& access() const noexcept { return access_; }
+
+  event record(const stream_key& k) {
+    auto s = static_cast<CUstream>(k.native);
+    event e;
+    check(cu::cuStreamGetCtx_nothrow(s, &e.ctx), "cuStreamGetCtx");
+    auto& spare = spare_events_[e.ctx];
+    if (!spare.empty()) {
+      e.ev = spare.back();
+      spare.pop_back();
+    } else {
+      cu::cuCtxPushCurrent(e.ctx);
+      const CUresult r = cu::cuEventCreate_nothrow(&e.ev, CU_EVENT_DISABLE_TIMING);
+      CUcontext popped = nullptr;
+      (void)cu::cuCtxPopCurrent_nothrow(&popped);
+      check(r, "cuEventCreate");
+    }
+    const CUresult r = cu::cuEventRecord_nothrow(e.ev, s);
+    if (r != CUDA_SUCCESS) {
+      spare.push_back(e.ev);
+      throw_driver_failure(r, "cuEventRecord", "recording a pool event");
+    }
+    return e;
+  }
+  bool done(event& e) { return cu::cuEventQuery_nothrow(e.ev) == CUDA_SUCCESS; }
+  bool idle(const stream_key& k) { return cu::cuStreamQuery_nothrow(static_cast<CUstream>(k.native)) == CUDA_SUCCESS; }
+  void wait(const stream_key& k, event& e) {
+    check(cu::cuStreamWaitEvent_nothrow(static_cast<CUstream>(k.native), e.ev, 0), "cuStreamWaitEvent");
+  }
+  void synchronize(event& e) noexcept { (void)cu::cuEventSynchronize_nothrow(e.ev); }
+  void destroy(event& e) noexcept {
+    try {
+      spare_events_[e.ctx].push_back(e.ev);
+    } catch (...) {
+      (void)cu::cuEventDestroy_nothrow(e.ev);
+    }
+  }
+
+ private:
+  memory_location where_;
+  allocation_options options_;
+  std::vector<access_descriptor> access_;
+  address_reservation va_;
+  std::map<std::uint64_t, mapping> maps_;
+  std::unordered_map<CUcontext, std::vector<CUevent>> spare_events_;
+};
+
+}  // namespace streamalloc::detail

@@ -1,0 +1,447 @@
+#pragma once
+
+/// @file
+/// @brief `pool`: a stream-ordered memory pool built on CUDA virtual memory management, with
+/// the semantics of `cudaMemPool_t` and `cudaMallocAsync` / `cudaFreeAsync`.
+
+#include <streamalloc/access.hpp>
+#include <streamalloc/detail/context.hpp>
+#include <streamalloc/detail/pool_core.hpp>
+#include <streamalloc/detail/vmm_backend.hpp>
+#include <streamalloc/driver.hpp>
+#include <streamalloc/memory_location.hpp>
+#include <streamalloc/physical_allocation.hpp>
+#include <streamalloc/shareable_handle.hpp>
+#include <streamalloc/stream.hpp>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <optional>
+#include <shared_mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace streamalloc {
+
+/**
+ * @brief Which cross-stream reuse a pool may make without a host synchronization. A block
+ * freed on a stream is always reusable at once by that stream, and by every stream once the
+ * host has synchronized with it (or with an event recorded after the free).
+ */
+struct reuse_policy {
+  /// Reuse on stream B memory freed on A when B waited, through streamalloc's `stream_ref::wait`,
+  /// on an event recorded on A after the free (directly or through other streams).
+  bool follow_event_dependencies = true;
+  /// Reuse memory whose free the device has already executed (found by querying an event the
+  /// pool records on the freeing stream). Makes reuse depend on timing, so run-to-run
+  /// allocation patterns can differ.
+  bool opportunistic = true;
+  /// When the pool cannot grow (at its maximum size, or out of device memory), make the
+  /// allocating stream wait on a pending free instead of failing. Can serialize streams.
+  bool internal_dependencies = true;
+};
+
+/// A pool's properties, validated when the pool is made.
+struct pool_properties {
+  /// Where the memory lives: a device, or a host NUMA node (readable and writable by the host).
+  memory_location location = memory_location::device(0);
+  /// The most physical memory the pool may hold; 0 for no limit but the device's.
+  std::size_t max_size = 0;
+  /// Free physical memory the pool keeps at synchronization points; the rest goes back to the
+  /// driver. 0 (the default, as for cudaMemPool_t) keeps nothing; SIZE_MAX keeps everything.
+  std::size_t release_threshold = 0;
+  reuse_policy reuse{};
+  /// Physical memory is created in chunks of this size (a multiple of the allocation
+  /// granularity); a request at least this large gets a chunk of its own size. 0: 64 MiB, the
+  /// smallest size at which `cudaMemcpy` over the memory runs within 2% of cudaMalloc memory
+  /// (docs/vmm-bandwidth.md), and with which the pool grows as fast as the driver's.
+  std::size_t chunk_size = 0;
+  /// Stay compact under fragmentation: chunks of the allocation granularity (2 MiB; or
+  /// `chunk_size` if set), large requests built from them, so single chunks can be remapped to
+  /// defragment. On a fragmenting workload the pool then holds about 1.09 times the live bytes
+  /// instead of about 1.25 (docs/pool.md), at a cost: growth makes one physical allocation per
+  /// 2 MiB (about 30 us each, against about 50 us per 64 MiB), and one large `cudaMemcpy` over
+  /// an allocation spread over many chunks runs slower (docs/vmm-bandwidth.md).
+  bool compact = false;
+  /// Handle types the pool's memory can be exported as (kept for IPC).
+  shareable_handle_type handle_types = shareable_handle_type::none;
+  /// Virtual addresses to reserve up front; 0: twice the maximum size, or twice the memory of
+  /// the location. Defragmentation needs addresses beyond the physical memory.
+  std::size_t address_space = 0;
+};
+
+/// A pool's statistics. "Current" values are exact; see `used_high` for concurrency.
+struct pool_statistics {
+  std::size_t reserved_current = 0;  ///< physical memory the pool holds
+  std::size_t reserved_high = 0;     ///< its high-water mark since creation or reset
+  std::size_t used_current = 0;      ///< bytes of live allocations (rounded to 256)
+  /// High-water mark of used_current. Exact when one stream allocates at a time; with several
+  /// streams allocating at once, a peak is caught whenever one of them reaches a peak of its
+  /// own, so a combined peak between those moments can be missed.
+  std::size_t used_high = 0;
+  std::size_t live_allocations = 0;
+  std::size_t free_clear = 0;        ///< free bytes every stream may reuse now
+  std::size_t free_pending = 0;      ///< free bytes awaiting proof of stream order
+  /// The largest free block: the largest allocation that could be served without growing
+  /// (by the stream that freed it, if it is still pending).
+  std::size_t largest_free_block = 0;
+  std::size_t chunks = 0;            ///< physical allocations mapped
+  std::size_t remapped_chunks = 0;   ///< chunks moved to defragment, since creation
+};
+
+/**
+ * @brief An allocation failed: the pool is at its maximum size, or the device is out of
+ * memory. `what()` gives the requested size and the pool's state.
+ */
+class out_of_memory : public std::bad_alloc {
+ public:
+  out_of_memory(std::size_t requested, std::string message)
+      : requested_(requested), message_(std::move(message)) {}
+  [[nodiscard]] const char* what() const noexcept override { return message_.c_str(); }
+  [[nodiscard]] std::size_t requested() const noexcept { return requested_; }
+
+ private:
+  std::size_t requested_;
+  std::string message_;
+};
+
+/// What was left when a pool was closed.
+struct pool_close_report {
+  std::size_t live_allocations = 0;
+  std::size_t live_bytes = 0;
+};
+
+class pool;
+class pool_ref;
+
+namespace detail {
+using vmm_pool_core = pool_core<vmm_backend>;
+
+/// Every live pool's address range, for finding the pool of a pointer.
+class pool_directory {
+ public:
+  void add(pool* p, std::uint64_t base, std::uint64_t size) {
+    std::unique_lock lock(mutex_);
+    entries_.push_back({base, size, p});
+  }
+  void remove(pool* p) {
+    std::unique_lock lock(mutex_);
+    std::erase_if(entries_, [p](const entry& e) { return e.owner == p; });
+  }
+  pool* find(std::uint64_t addr) {
+    std::shared_lock lock(mutex_);
+    for (const entry& e : entries_) {
+      if (addr - e.base < e.size) return e.owner;
+    }
+    return nullptr;
+  }
+
+ private:
+  struct entry {
+    std::uint64_t base, size;
+    pool* owner;
+  };
+  std::shared_mutex mutex_;
+  std::vector<entry> entries_;
+};
+
+inline pool_directory& pools() {
+  static pool_directory* d = new pool_directory;  // outlives every pool, default pools included
+  return *d;
+}
+
+inline stream_key key_of(stream_ref s) { return {&s.record(), s.get()}; }
+}  // namespace detail
+
+/**
+ * @brief A stream-ordered memory pool (the semantics of `cudaMemPool_t` with
+ * `cudaMallocAsync` / `cudaFreeAsync`), implemented on the VMM API.
+ *
+ * The pool reserves virtual addresses up front and maps physical memory in chunks as it grows.
+ * Memory freed on a stream is reused by that stream at once, with no driver call; other
+ * streams reuse it as the reuse policy allows. Thread-safe: any number of threads may allocate
+ * and free, on their own streams or shared ones.
+ *
+ * @code
+ * streamalloc::pool pool({.location = streamalloc::memory_location::device(0),
+ *                         .release_threshold = SIZE_MAX});
+ * streamalloc::stream s(0);
+ * float* x = static_cast<float*>(pool.allocate(n * sizeof(float), s));
+ * kernel<<<grid, block, 0, s.get()>>>(x, n);
+ * pool.deallocate(x, s);   // ordered after the kernel; reusable on s at once
+ * @endcode
+ */
+class pool {
+ public:
+  /**
+   * @brief Makes a pool.
+   * @throws std::invalid_argument for properties that cannot work (a chunk size off the
+   *         granularity, a maximum below one chunk of granularity...)
+   * @throws not_supported when the location or a handle type is unsupported
+   * @throws driver_unavailable, cuda_error
+   */
+  explicit pool(pool_properties props = {}) : props_(props) {
+    require_driver();
+    const int device = props.location.is_device() ? props.location.id() : 0;
+    if (props.location.is_device() && props.location.id() >= device_count()) {
+      throw std::invalid_argument("streamalloc::pool: there is no device " + std::to_string(props.location.id()));
+    }
+    require_location(props.location, device);
+    if (props.handle_types != shareable_handle_type::none && props.location.is_device()) {
+      require_handle_types(device, props.handle_types);
+    }
+    const allocation_options opts{props.handle_types, false};
+    const std::size_t g = allocation_granularity(props.location, granularity_kind::minimum, opts);
+    if (props.chunk_size != 0 && props.chunk_size % g != 0) {
+      throw std::invalid_argument("streamalloc::pool: chunk_size " + std::to_string(props.chunk_size) +
+                                  " is not a multiple of the allocation granularity " + std::to_string(g));
+    }
+    if (props.max_size != 0 && props.max_size < g) {
+      throw std::invalid_argument("streamalloc::pool: max_size " + std::to_string(props.max_size) +
+                                  " is below the allocation granularity " + std::to_string(g));
+    }
+    std::size_t space = props.address_space;
+    if (space == 0) {
+      std::size_t physical = props.max_size;
+      if (physical == 0) {
+        physical = props.location.is_device()
+                       ? device_memory(device).total
+                       : static_cast<std::size_t>(::sysconf(_SC_PHYS_PAGES)) * static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+      }
+      space = 2 * physical;
+    }
+    std::vector<access_descriptor> access{{props.location, access_flags::read_write}};
+    if (props.location.is_host()) access.push_back({memory_location::device(device), access_flags::read_write});
+    detail::core_options o;
+    o.max_size = props.max_size;
+    o.release_threshold = props.release_threshold;
+    o.chunk_size = props.compact && props.chunk_size == 0 ? g : props.chunk_size;
+    o.own_chunk_for_large = !props.compact;
+    o.address_space = space;
+    o.reuse = {props.reuse.follow_event_dependencies, props.reuse.opportunistic, props.reuse.internal_dependencies};
+    detail::ensure_context(device);
+    core_ = std::make_unique<detail::vmm_pool_core>(detail::vmm_backend(props.location, opts, std::move(access)), o);
+    detail::pools().add(this, core_->base(), core_->address_space());
+  }
+
+  pool(const pool&) = delete;
+  pool& operator=(const pool&) = delete;
+
+  /// Destroys the pool. Live allocations are reported on stderr (use `close()` to get the
+  /// report instead) and their memory is released after the device has finished its work.
+  ~pool() {
+    if (!core_) return;
+    const pool_close_report r = close();
+    if (r.live_allocations != 0) {
+      std::fprintf(stderr,
+                   "streamalloc: a pool on %s was destroyed with %zu live allocation(s), %zu bytes; "
+                   "their memory has been released\n",
+                   props_.location.to_string().c_str(), r.live_allocations, r.live_bytes);
+    }
+  }
+
+  /**
+   * @brief Releases everything now and reports what was never freed. Pending frees are
+   * waited for; if allocations are still live, the device is synchronized first so no work
+   * still uses the memory. The pool cannot be used afterwards.
+   */
+  pool_close_report close() noexcept {
+    if (!core_) return {};
+    detail::pools().remove(this);
+    const auto live = core_->statistics().live_allocations;
+    if (live != 0 && props_.location.is_device()) {
+      try {
+        synchronize_device(props_.location.id());
+      } catch (...) {
+      }
+    }
+    const auto [count, bytes] = core_->shutdown();
+    core_.reset();
+    return {static_cast<std::size_t>(count), static_cast<std::size_t>(bytes)};
+  }
+
+  /**
+   * @brief Allocates `bytes` in the order of stream `s`: usable by work enqueued on `s` after
+   * this call, and by other streams once they are ordered after it. Never blocks the host or
+   * synchronizes the device. Aligned to 256 bytes. `bytes == 0` returns nullptr.
+   * @throws out_of_memory when the pool is at its maximum size or the device has no memory
+   */
+  [[nodiscard]] void* allocate(std::size_t bytes, stream_ref s) {
+    if (bytes == 0) return nullptr;
+    if (bytes > (std::size_t{1} << 62)) [[unlikely]] {
+      throw out_of_memory(bytes, "streamalloc: " + std::to_string(bytes) + " bytes is more than any pool can hold");
+    }
+    try {
+      return reinterpret_cast<void*>(core_->allocate(bytes, detail::key_of(s)));
+    } catch (const detail::core_out_of_memory& e) {
+      throw out_of_memory(bytes, "streamalloc: cannot allocate " + std::to_string(bytes) + " bytes from a pool on " +
+                                     props_.location.to_string() + ": " + e.reason);
+    }
+  }
+
+  /**
+   * @brief Frees `p` in the order of stream `s`: work enqueued on `s` before this call may still
+   * use it; every other stream that used it must be ordered before this point. nullptr is
+   * ignored.
+   * @throws std::invalid_argument, changing nothing, when `p` is not a live allocation of this
+   *         pool (a foreign pointer, an interior pointer, or a double free)
+   */
+  void deallocate(void* p, stream_ref s) {
+    if (p == nullptr) return;
+    core_->deallocate(reinterpret_cast<std::uint64_t>(p), detail::key_of(s));
+  }
+
+  /// True if `p` lies in the pool's address range (live or not).
+  [[nodiscard]] bool owns(const void* p) const noexcept {
+    return core_ && core_->owns(reinterpret_cast<std::uint64_t>(p));
+  }
+
+  [[nodiscard]] pool_statistics statistics() const {
+    const auto c = core_->statistics();
+    pool_statistics s;
+    s.reserved_current = c.reserved_current;
+    s.reserved_high = c.reserved_high;
+    s.used_current = c.used_current;
+    s.used_high = c.used_high;
+    s.live_allocations = c.live_allocations;
+    s.free_clear = c.free_clear;
+    s.free_pending = c.free_pending;
+    s.largest_free_block = c.largest_free_block;
+    s.chunks = c.chunks;
+    s.remapped_chunks = c.remapped_chunks;
+    return s;
+  }
+  /// Resets the high-water marks to the current values.
+  void reset_high_water() { core_->reset_high_water(); }
+
+  /**
+   * @brief Gives free physical memory back to the driver until at most `keep` bytes of it
+   * remain. Only whole free chunks go, and only memory whose frees are known to have executed
+   * (synchronize first to release everything).
+   */
+  void trim_to(std::size_t keep) { core_->trim_to(keep); }
+
+  void set_release_threshold(std::size_t bytes) {
+    props_.release_threshold = bytes;
+    core_->set_release_threshold(bytes);
+  }
+  void set_reuse_policy(reuse_policy r) {
+    props_.reuse = r;
+    core_->set_reuse({r.follow_event_dependencies, r.opportunistic, r.internal_dependencies});
+  }
+
+  [[nodiscard]] const pool_properties& properties() const noexcept { return props_; }
+  [[nodiscard]] memory_location location() const noexcept { return props_.location; }
+  /// The allocation granularity of the pool's memory.
+  [[nodiscard]] std::size_t granularity() const noexcept { return core_->granularity(); }
+
+  /// The live allocation containing `p`: its start and size; nullopt if none.
+  [[nodiscard]] std::optional<std::pair<void*, std::size_t>> find_allocation(const void* p) {
+    auto r = core_->find_live(reinterpret_cast<std::uint64_t>(p));
+    if (!r) return std::nullopt;
+    return std::pair{reinterpret_cast<void*>(r->first), static_cast<std::size_t>(r->second)};
+  }
+
+ private:
+  pool_properties props_;
+  std::unique_ptr<detail::vmm_pool_core> core_;
+};
+
+/**
+ * @brief A non-owning, trivially copyable reference to a `pool`.
+ */
+class pool_ref {
+ public:
+  pool_ref(pool& p) noexcept : pool_(&p) {}  // NOLINT: an owner views as its ref
+  [[nodiscard]] void* allocate(std::size_t bytes, stream_ref s) const { return pool_->allocate(bytes, s); }
+  void deallocate(void* p, stream_ref s) const { pool_->deallocate(p, s); }
+  [[nodiscard]] bool owns(const void* p) const noexcept { return pool_->owns(p); }
+  [[nodiscard]] pool_statistics statistics() const { return pool_->statistics(); }
+  void trim_to(std::size_t keep) const { pool_->trim_to(keep); }
+  [[nodiscard]] pool& get() const noexcept { return *pool_; }
+  friend bool operator==(pool_ref a, pool_ref b) noexcept { return a.pool_ == b.pool_; }
+
+ private:
+  pool* pool_;
+};
+
+namespace detail {
+inline std::array<std::atomic<pool*>, max_devices>& current_pools() {
+  static std::array<std::atomic<pool*>, max_devices> p{};
+  return p;
+}
+inline void check_device(int device) {
+  if (device < 0 || device >= device_count()) {
+    throw std::invalid_argument("streamalloc: there is no device " + std::to_string(device));
+  }
+}
+}  // namespace detail
+
+/**
+ * @brief Device `device`'s default pool, made on first use (default properties on that
+ * device). It lives until the process ends.
+ * @throws std::invalid_argument for a device that does not exist
+ */
+inline pool_ref default_pool(int device) {
+  detail::check_device(device);
+  static std::array<std::atomic<pool*>, detail::max_devices> defaults{};
+  static std::mutex m;
+  if (pool* p = defaults[device].load(std::memory_order_acquire)) return *p;
+  std::lock_guard lock(m);
+  if (pool* p = defaults[device].load(std::memory_order_relaxed)) return *p;
+  // Never destroyed: memory from it may be freed by static destructors anywhere.
+  auto* p = new pool(pool_properties{.location = memory_location::device(device)});
+  defaults[device].store(p, std::memory_order_release);
+  return *p;
+}
+
+/// Device `device`'s current pool: the one `set_current_pool` set, else its default pool.
+inline pool_ref current_pool(int device) {
+  detail::check_device(device);
+  if (pool* p = detail::current_pools()[device].load(std::memory_order_acquire)) return *p;
+  return default_pool(device);
+}
+
+/// Makes `p` the current pool of `device`. The pool's memory must live on that device.
+/// @throws std::invalid_argument otherwise
+inline void set_current_pool(int device, pool_ref p) {
+  detail::check_device(device);
+  if (!(p.get().location() == memory_location::device(device))) {
+    throw std::invalid_argument("streamalloc::set_current_pool: the pool's memory is on " +
+                                p.get().location().to_string() + ", not on device " + std::to_string(device));
+  }
+  detail::current_pools()[device].store(&p.get(), std::memory_order_release);
+}
+
+/// Allocates from the current pool of the stream's device. See `pool::allocate`.
+[[nodiscard]] inline void* allocate(std::size_t bytes, stream_ref s) {
+  return current_pool(s.device()).allocate(bytes, s);
+}
+
+/// Frees memory from whichever streamalloc pool it came from. See `pool::deallocate`.
+/// @throws std::invalid_argument for a pointer no pool owns
+inline void deallocate(void* p, stream_ref s);
+
+/// The pool whose address range holds `p`, if any.
+[[nodiscard]] inline std::optional<pool_ref> find_pool(const void* p) {
+  if (pool* owner = detail::pools().find(reinterpret_cast<std::uint64_t>(p))) return pool_ref(*owner);
+  return std::nullopt;
+}
+
+inline void deallocate(void* p, stream_ref s) {
+  if (p == nullptr) return;
+  auto owner = find_pool(p);
+  if (!owner) throw std::invalid_argument("streamalloc::deallocate: the pointer belongs to no streamalloc pool");
+  owner->deallocate(p, s);
+}
+
+}  // namespace streamalloc

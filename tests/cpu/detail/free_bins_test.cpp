@@ -1,0 +1,79 @@
+#include <streamalloc/detail/free_bins.hpp>
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+using streamalloc::detail::block;
+using streamalloc::detail::free_bins;
+
+TEST_CASE("bins cover sizes in order, each bin a narrow range") {
+  unsigned last = 0;
+  for (std::uint64_t s = 256; s < (std::uint64_t{1} << 40); s += s / 7 + 256) {
+    const unsigned b = free_bins::bin_of(s);
+    CHECK(b >= last);  // monotone
+    last = b;
+    CHECK(free_bins::bin_floor(b) <= s);
+    if (b + 1 < free_bins::bin_count) CHECK(s < free_bins::bin_floor(b + 1));
+    // Above 16 KiB a bin spans at most 1/32 of its floor.
+    if (s >= (16u << 10) && b + 1 < free_bins::bin_count) {
+      CHECK(free_bins::bin_floor(b + 1) - free_bins::bin_floor(b) <= free_bins::bin_floor(b) / 32);
+    }
+  }
+  CHECK(free_bins::bin_of(256) == 1);
+  CHECK(free_bins::bin_of(16 << 10) == free_bins::linear_bins);
+}
+
+TEST_CASE("find returns a large enough block, close to the best fit; remove unlinks") {
+  std::mt19937_64 rng(7);
+  std::vector<block> blocks(2000);
+  free_bins bins;
+  for (auto& b : blocks) {
+    b.size = (rng() % (64ull << 20) / 256 + 1) * 256;
+    bins.insert(&b);
+  }
+  CHECK(bins.count() == blocks.size());
+  for (int i = 0; i < 500; ++i) {
+    const std::uint64_t n = (rng() % (32ull << 20) / 256 + 1) * 256;
+    block* got = bins.find(n, [](block*) { return true; });
+    std::uint64_t best = ~0ull;
+    for (auto& b : blocks) {
+      if (b.bins == &bins && b.size >= n) best = std::min(best, b.size);
+    }
+    if (best == ~0ull) {
+      CHECK(got == nullptr);
+      continue;
+    }
+    REQUIRE(got != nullptr);
+    CHECK(got->size >= n);
+    // Good fit: within one bin (1/32) of the best, plus the bin the request falls in.
+    CHECK(got->size <= best + best / 16 + (16u << 10));
+    bins.remove(got);
+    CHECK(got->bins == nullptr);
+  }
+  std::uint64_t total = 0;
+  for (auto& b : blocks) {
+    if (b.bins == &bins) total += b.size;
+  }
+  CHECK(bins.bytes() == total);
+}
+
+TEST_CASE("find honours the predicate and the largest block is reported") {
+  std::vector<block> blocks(10);
+  free_bins bins;
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    blocks[i].size = (i + 1) << 20;
+    blocks[i].stamp = i;
+    bins.insert(&blocks[i]);
+  }
+  CHECK(bins.largest() == (10u << 20));
+  block* b = bins.find(1u << 20, [](block* x) { return x->stamp >= 5; });
+  REQUIRE(b != nullptr);
+  CHECK(b->stamp >= 5);
+  CHECK(bins.find(11u << 20, [](block*) { return true; }) == nullptr);
+  bins.remove(&blocks[9]);
+  CHECK(bins.largest() == (9u << 20));
+}

@@ -1,0 +1,435 @@
+// The pool's allocator on a simulated device: stream-ordered reuse and its policies, growth,
+// defragmentation by remapping, release, statistics, bad frees; and randomized multi-stream
+// sequences checked against an independent model of what each stream is ordered after.
+
+#include <streamalloc/detail/pool_core.hpp>
+
+#include <doctest/doctest.h>
+
+#include "sim_backend.hpp"
+
+#include <algorithm>
+#include <map>
+#include <random>
+#include <set>
+#include <stdexcept>
+#include <vector>
+
+using namespace streamalloc::detail;
+using streamalloc_test::sim_backend;
+using streamalloc_test::sim_device;
+
+namespace {
+constexpr std::uint64_t MiB = 1ull << 20;
+using core = pool_core<sim_backend>;
+
+struct test_stream {
+  stream_record* record;
+  void* native;
+  stream_key key() const { return {record, native}; }
+};
+
+test_stream make_stream() {
+  static std::uint64_t next = 1ull << 52;
+  static char handles[4096];
+  const std::uint64_t id = ++next;
+  return {&ordering().record(id), &handles[id % 4096]};
+}
+
+struct fixture {
+  std::shared_ptr<sim_device> dev = std::make_shared<sim_device>();
+  std::unique_ptr<core> pool;
+  explicit fixture(core_options o = {}) {
+    if (o.address_space == 0) o.address_space = 64ull << 30;
+    pool = std::make_unique<core>(sim_backend{dev}, o);
+  }
+  ~fixture() { pool->shutdown(); }
+};
+
+/// A host synchronization of stream s, as streamalloc's stream::synchronize does it.
+void host_sync(sim_device& dev, test_stream s) {
+  const auto epoch = s.record->begin_synchronize();
+  dev.run(s.native);
+  ordering().complete_stream(*s.record, epoch);
+}
+}  // namespace
+
+TEST_CASE("allocations are 256-aligned, disjoint, inside mapped memory, and reused on their stream") {
+  fixture f;
+  auto s = make_stream();
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> got;
+  for (std::uint64_t n : std::initializer_list<std::uint64_t>{1, 255, 256, 257, 4096, 3 * MiB, 100 * MiB}) {
+    const auto p = f.pool->allocate(n, s.key());
+    CHECK(p % 256 == 0);
+    CHECK(f.dev->is_mapped(p, n));
+    got.emplace_back(p, n);
+  }
+  std::sort(got.begin(), got.end());
+  for (std::size_t i = 1; i < got.size(); ++i) CHECK(got[i - 1].first + got[i - 1].second <= got[i].first);
+
+  // Same stream: freed then allocated again, the same block comes back, with no driver call.
+  const auto p = f.pool->allocate(1000, s.key());
+  f.pool->deallocate(p, s.key());
+  const auto creates = f.dev->creates;
+  CHECK(f.pool->allocate(1000, s.key()) == p);
+  CHECK(f.dev->creates == creates);
+}
+
+TEST_CASE("another stream does not reuse a free it has no proof of") {
+  core_options o;
+  o.reuse = {false, false, false};
+  fixture f(o);
+  auto a = make_stream(), b = make_stream();
+  const auto p = f.pool->allocate(4096, a.key());
+  f.pool->deallocate(p, a.key());
+  const auto q = f.pool->allocate(4096, b.key());
+  CHECK(q != p);
+  CHECK(f.pool->allocate(4096, a.key()) == p);  // a itself may
+}
+
+TEST_CASE("follow_event_dependencies: reuse once the stream waited on an event after the free") {
+  for (bool policy : {true, false}) {
+    CAPTURE(policy);
+    core_options o;
+    o.chunk_size = 2 * MiB;  // whole-chunk blocks: no other free memory b could take instead
+    o.reuse = {policy, false, false};
+    fixture f(o);
+    auto a = make_stream(), b = make_stream();
+    const auto p = f.pool->allocate(2 * MiB, a.key());
+    f.dev->busy.insert(a.native);  // a kernel on a still uses it
+    f.pool->deallocate(p, a.key());
+    b.record->wait_for(a.record->capture());  // event on a after the free; b waits on it
+    const auto q = f.pool->allocate(2 * MiB, b.key());
+    CHECK((q == p) == policy);
+  }
+}
+
+TEST_CASE("opportunistic: reuse once the free has executed on the device, never before") {
+  for (bool policy : {true, false}) {
+    CAPTURE(policy);
+    core_options o;
+    o.chunk_size = 2 * MiB;  // blocks fill whole chunks: no other free memory to prefer
+    o.reuse = {false, policy, false};
+    fixture f(o);
+    auto a = make_stream(), b = make_stream();
+    const auto p = f.pool->allocate(2 * MiB, a.key());
+    f.dev->busy.insert(a.native);  // a kernel on a still uses it
+    f.pool->deallocate(p, a.key());
+    // b allocates: the pool records an event on a, which has not run yet, so it grows.
+    const auto q1 = f.pool->allocate(2 * MiB, b.key());
+    CHECK(q1 != p);
+    f.dev->run(a.native);  // the device passes the free
+    const auto q2 = f.pool->allocate(2 * MiB, b.key());
+    CHECK((q2 == p) == policy);
+  }
+}
+
+TEST_CASE("after a host synchronization any stream reuses, whatever the policies") {
+  core_options o;
+  o.reuse = {false, false, false};
+  fixture f(o);
+  auto a = make_stream(), b = make_stream();
+  const auto p = f.pool->allocate(1 << 20, a.key());
+  f.pool->deallocate(p, a.key());
+  host_sync(*f.dev, a);
+  CHECK(f.pool->allocate(1 << 20, b.key()) == p);
+}
+
+TEST_CASE("internal dependencies: at the limit, wait on the free instead of failing") {
+  for (bool policy : {true, false}) {
+    CAPTURE(policy);
+    core_options o;
+    o.max_size = 8 * MiB;
+    o.chunk_size = 8 * MiB;
+    o.reuse = {false, false, policy};
+    fixture f(o);
+    auto a = make_stream(), b = make_stream();
+    const auto p = f.pool->allocate(8 * MiB, a.key());
+    f.pool->deallocate(p, a.key());
+    if (policy) {
+      CHECK(f.pool->allocate(8 * MiB, b.key()) == p);
+      REQUIRE(f.dev->waits.size() == 1);
+      CHECK(f.dev->waits[0] == std::pair<void*, void*>{b.native, a.native});  // b waits on a
+    } else {
+      CHECK_THROWS_AS(f.pool->allocate(8 * MiB, b.key()), core_out_of_memory);
+      CHECK(f.dev->waits.empty());
+    }
+  }
+}
+
+TEST_CASE("defragmentation: a request that fits only after remapping, without growing") {
+  core_options o;
+  o.chunk_size = 2 * MiB;  // the granularity: chunks small enough to move
+  o.max_size = 8 * MiB;
+  o.release_threshold = ~0ull;  // keep free memory at synchronization points
+  fixture f(o);
+  auto s = make_stream();
+  std::vector<std::uint64_t> p;
+  for (int i = 0; i < 4; ++i) p.push_back(f.pool->allocate(2 * MiB, s.key()));
+  CHECK(f.pool->statistics().reserved_current == 8 * MiB);
+  f.pool->deallocate(p[0], s.key());
+  f.pool->deallocate(p[2], s.key());
+  host_sync(*f.dev, s);
+  // 4 MiB are free, in two separate holes: no 4 MiB range, and the pool cannot grow.
+  const auto q = f.pool->allocate(4 * MiB, s.key());
+  CHECK(f.dev->is_mapped(q, 4 * MiB));
+  const auto st = f.pool->statistics();
+  CHECK(st.reserved_current == 8 * MiB);
+  CHECK(st.remapped_chunks == 2);
+  CHECK(st.reserved_high == 8 * MiB);
+  // The live blocks kept their memory.
+  CHECK(f.dev->is_mapped(p[1], 2 * MiB));
+  CHECK(f.dev->is_mapped(p[3], 2 * MiB));
+}
+
+TEST_CASE("the limit and the device's memory end in core_out_of_memory, with the state named") {
+  core_options o;
+  o.max_size = 64 * MiB;
+  fixture f(o);
+  auto s = make_stream();
+  (void)f.pool->allocate(60 * MiB, s.key());
+  try {
+    (void)f.pool->allocate(8 * MiB, s.key());
+    FAIL("should not fit");
+  } catch (const core_out_of_memory& e) {
+    CHECK(e.requested == 8 * MiB);
+    CHECK(e.reason.find("at most 67108864") != std::string::npos);
+  }
+  fixture g;
+  g.dev->capacity = 128 * MiB;
+  CHECK_THROWS_AS(g.pool->allocate(256 * MiB, s.key()), core_out_of_memory);
+}
+
+TEST_CASE("releasing: trim and the release threshold give back whole free chunks only when complete") {
+  core_options o;
+  o.chunk_size = 2 * MiB;
+  o.release_threshold = 0;
+  fixture f(o);
+  auto s = make_stream();
+  std::vector<std::uint64_t> p;
+  for (int i = 0; i < 8; ++i) p.push_back(f.pool->allocate(2 * MiB, s.key()));
+  for (int i = 0; i < 8; i += 2) f.pool->deallocate(p[i], s.key());
+  // Not yet known complete: nothing may go back.
+  f.pool->trim_to(0);
+  CHECK(f.pool->statistics().reserved_current == 16 * MiB);
+  // A synchronization point applies the release threshold (0): the four free chunks go.
+  host_sync(*f.dev, s);
+  CHECK(f.pool->statistics().reserved_current == 8 * MiB);
+  CHECK(f.dev->physical_used == 8 * MiB);
+  for (int i = 1; i < 8; i += 2) CHECK(f.dev->is_mapped(p[i], 2 * MiB));
+}
+
+TEST_CASE("statistics follow what was allocated; high-water marks reset") {
+  core_options o;
+  o.chunk_size = 2 * MiB;
+  fixture f(o);
+  auto s = make_stream();
+  const auto a = f.pool->allocate(1000, s.key());    // 1024 after rounding
+  const auto b = f.pool->allocate(3 * MiB, s.key());
+  auto st = f.pool->statistics();
+  CHECK(st.used_current == 1024 + 3 * MiB);
+  CHECK(st.live_allocations == 2);
+  CHECK(st.reserved_current >= st.used_current);
+  CHECK(st.reserved_current == f.dev->physical_used);
+  f.pool->deallocate(b, s.key());
+  st = f.pool->statistics();
+  CHECK(st.used_current == 1024);
+  CHECK(st.used_high == 1024 + 3 * MiB);
+  CHECK(st.live_allocations == 1);
+  f.pool->reset_high_water();
+  CHECK(f.pool->statistics().used_high == 1024);
+  f.pool->deallocate(a, s.key());
+  CHECK(f.pool->statistics().used_current == 0);
+}
+
+TEST_CASE("bad frees throw invalid_argument and change nothing") {
+  fixture f;
+  auto s = make_stream();
+  const auto p = f.pool->allocate(4096, s.key());
+  const auto before = f.pool->statistics();
+  CHECK_THROWS_AS(f.pool->deallocate(0x1000, s.key()), std::invalid_argument);   // foreign
+  CHECK_THROWS_AS(f.pool->deallocate(p + 256, s.key()), std::invalid_argument);  // interior
+  f.pool->deallocate(p, s.key());
+  try {
+    f.pool->deallocate(p, s.key());
+    FAIL("double free should throw");
+  } catch (const std::invalid_argument& e) {
+    CHECK(std::string(e.what()).find("double free") != std::string::npos);
+  }
+  const auto after = f.pool->statistics();
+  CHECK(after.used_current + 4096 == before.used_current);
+  CHECK(after.live_allocations + 1 == before.live_allocations);
+}
+
+TEST_CASE("shutdown releases everything and reports what was never freed") {
+  auto dev = std::make_shared<sim_device>();
+  core_options o;
+  o.address_space = 64ull << 30;
+  core pool(sim_backend{dev}, o);
+  auto s = make_stream();
+  (void)pool.allocate(5 * MiB, s.key());
+  const auto p = pool.allocate(1 * MiB, s.key());
+  pool.deallocate(p, s.key());
+  const auto [count, bytes] = pool.shutdown();
+  CHECK(count == 1);
+  CHECK(bytes == 5 * MiB);
+  CHECK(dev->physical_used == 0);
+  CHECK(dev->mapped.empty());
+  CHECK(dev->live_events == 0);
+}
+
+// --- randomized ------------------------------------------------------------------------------
+
+namespace {
+// An independent model of stream order: per stream a count of operations; per stream a vector
+// clock of what it was made to wait for (by the test, or by the pool's inserted waits); and
+// what the device has completed. A reuse is legal when the new owner's stream is the freeing
+// stream, or ordered after the free, or the free is known to have executed.
+struct order_model {
+  std::vector<std::uint64_t> ops;                  // per stream: operations enqueued
+  std::vector<std::vector<std::uint64_t>> clock;   // clock[t][s]: t is after s's ops up to this
+  std::vector<std::uint64_t> done;                 // per stream: ops executed on the device
+  explicit order_model(std::size_t n) : ops(n, 0), clock(n, std::vector<std::uint64_t>(n, 0)), done(n, 0) {}
+  std::uint64_t enqueue(std::size_t s) { return ++ops[s]; }
+  void wait(std::size_t t, std::size_t s) {  // t waits for everything enqueued on s so far
+    clock[t][s] = std::max(clock[t][s], ops[s]);
+    for (std::size_t u = 0; u < ops.size(); ++u) clock[t][u] = std::max(clock[t][u], clock[s][u]);
+  }
+  bool legal(std::size_t t, std::size_t s, std::uint64_t free_op) const {
+    return t == s || clock[t][s] >= free_op || done[s] >= free_op;
+  }
+};
+}  // namespace
+
+TEST_CASE("randomized: no overlap, only legal reuse, every byte accounted for") {
+  for (std::uint64_t seed = 1; seed <= 64; ++seed) {
+    CAPTURE(seed);
+    std::mt19937_64 rng(seed);
+    core_options o;
+    o.chunk_size = (seed % 2) ? 2 * MiB : 16 * MiB;
+    o.max_size = (seed % 3 == 0) ? 256 * MiB : 0;
+    o.reuse = {bool(rng() % 2), bool(rng() % 2), bool(rng() % 2)};
+    o.own_chunk_for_large = seed % 4 != 1;  // some seeds build large requests from chunks
+    fixture f(o);
+    constexpr std::size_t streams = 4;
+    std::vector<test_stream> st;
+    for (std::size_t i = 0; i < streams; ++i) st.push_back(make_stream());
+    order_model model(streams);
+    std::size_t waits_seen = 0;
+
+    struct live_alloc {
+      std::uint64_t addr, size;
+      std::size_t stream;
+    };
+    std::vector<live_alloc> live;
+    // Freed ranges not yet known reusable by everyone: (addr, size, stream, op).
+    struct freed {
+      std::uint64_t addr, size;
+      std::size_t stream;
+      std::uint64_t op;
+      std::uint64_t stamp;
+    };
+    std::vector<freed> history;
+
+    // The pool's own inserted waits enter the model as they happen.
+    auto learn_waits = [&] {
+      while (waits_seen < f.dev->waits.size()) {
+        auto [waiter, waited] = f.dev->waits[waits_seen++];
+        std::size_t t = 0, s = 0;
+        for (std::size_t i = 0; i < streams; ++i) {
+          if (st[i].native == waiter) t = i;
+          if (st[i].native == waited) s = i;
+        }
+        model.wait(t, s);
+      }
+    };
+    for (int step = 0; step < 4000; ++step) {
+      const auto r = rng() % 100;
+      const std::size_t s = rng() % streams;
+      if (r < 45 || live.empty()) {
+        const std::uint64_t n = (rng() % 3 == 0) ? (rng() % (8 * MiB)) + 1 : (rng() % 65536) + 1;
+        std::uint64_t p = 0;
+        try {
+          p = f.pool->allocate(n, st[s].key());
+        } catch (const core_out_of_memory&) {
+          REQUIRE(o.max_size != 0);  // only a limited pool may run out here
+          learn_waits();
+          continue;
+        }
+        learn_waits();
+        const std::uint64_t size = (n + 255) / 256 * 256;
+        REQUIRE(f.dev->is_mapped(p, size));
+        for (const auto& l : live) REQUIRE((p + size <= l.addr || l.addr + l.size <= p));
+        // Every earlier free this block overlaps must be legal for stream s to reuse.
+        for (const auto& h : history) {
+          if (p < h.addr + h.size && h.addr < p + size) {
+            INFO("reuse of a block freed on stream " << h.stream << " by stream " << s);
+            INFO("free op " << h.op << ", model done " << model.done[h.stream] << ", model clock "
+                            << model.clock[s][h.stream] << ", ops " << model.ops[h.stream] << "; pool: completed "
+                            << st[h.stream].record->completed() << " (stamp " << h.stamp << "), ordered_after "
+                            << st[s].record->ordered_after(st[h.stream].record->id()) << ", step " << step);
+            REQUIRE(model.legal(s, h.stream, h.op));
+          }
+        }
+        live.push_back({p, size, s});
+        model.enqueue(s);
+        f.dev->busy.insert(st[s].native);  // work on s uses it
+      } else if (r < 85) {
+        const std::size_t i = rng() % live.size();
+        const live_alloc a = live[i];
+        live[i] = live.back();
+        live.pop_back();
+        // Frees happen on the allocating stream, or on another after waiting for it (the
+        // stream-ordered contract for freeing elsewhere).
+        std::size_t fs = a.stream;
+        if (rng() % 4 == 0) {
+          fs = s;
+          model.wait(fs, a.stream);
+          st[fs].record->wait_for(st[a.stream].record->capture());
+          f.dev->busy.insert(st[fs].native);  // the wait is enqueued work
+        }
+        f.pool->deallocate(a.addr, st[fs].key());
+        history.push_back({a.addr, a.size, fs, model.enqueue(fs), st[fs].record->stamp()});
+        f.dev->busy.insert(st[fs].native);
+      } else if (r < 92) {
+        // An event on stream s, waited on by stream t, through streamalloc's handles.
+        const std::size_t t = rng() % streams;
+        if (t != s) {
+          model.wait(t, s);
+          st[t].record->wait_for(st[s].record->capture());
+          f.dev->busy.insert(st[t].native);  // the wait is enqueued work
+        }
+      } else if (r < 96) {
+        f.dev->run(st[s].native);  // the device catches up on s, unannounced
+        model.done[s] = model.ops[s];
+        // Having run past its waits, s proves the work it waited for ran too.
+        for (std::size_t u = 0; u < streams; ++u) model.done[u] = std::max(model.done[u], model.clock[s][u]);
+      } else {
+        // A host synchronization of s.
+        const auto epoch = st[s].record->begin_synchronize();
+        f.dev->run(st[s].native);
+        model.done[s] = model.ops[s];
+        for (std::size_t u = 0; u < streams; ++u) model.done[u] = std::max(model.done[u], model.clock[s][u]);
+        ordering().complete_stream(*st[s].record, epoch);
+      }
+    }
+    // Accounting: live bytes as the test counts them; physical memory as the device counts it.
+    std::uint64_t live_bytes = 0;
+    for (const auto& l : live) live_bytes += l.size;
+    auto stats = f.pool->statistics();
+    CHECK(stats.live_allocations == live.size());
+    CHECK(stats.used_current >= live_bytes);  // fast-cache reuse may hand out a slightly larger block
+    CHECK(stats.used_current <= live_bytes + live_bytes / 8 + live.size() * 256);
+    CHECK(stats.reserved_current == f.dev->physical_used);
+    CHECK(stats.reserved_current == stats.used_current + stats.free_clear + stats.free_pending);
+    if (o.max_size != 0) CHECK(stats.reserved_high <= o.max_size);
+    // Free everything, let the device finish, release: nothing remains.
+    for (const auto& l : live) f.pool->deallocate(l.addr, st[l.stream].key());
+    for (auto& x : st) host_sync(*f.dev, x);
+    f.pool->trim_to(0);
+    stats = f.pool->statistics();
+    CHECK(stats.used_current == 0);
+    CHECK(stats.reserved_current == 0);
+    CHECK(f.dev->physical_used == 0);
+  }
+}

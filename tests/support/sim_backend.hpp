@@ -1,0 +1,142 @@
+#pragma once
+
+// A simulated backend for the pool core (detail/pool_core.hpp): physical memory is bookkeeping
+// with a capacity, and each stream is a queue whose progress the test controls, so tests decide
+// exactly which frees have "executed on the device".
+
+#include <streamalloc/detail/pool_core.hpp>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <set>
+#include <stdexcept>
+#include <vector>
+
+namespace streamalloc_test {
+
+struct sim_device {
+  std::uint64_t granularity = 2u << 20;
+  std::uint64_t capacity = 1ull << 40;  // physical bytes the device has
+  std::uint64_t physical_used = 0;
+  std::uint64_t next_va = 0x100000000000ULL;
+  std::uint64_t next_handle = 1;
+  std::map<std::uint64_t, std::uint64_t> handles;  // live handle -> size
+  std::map<std::uint64_t, std::uint64_t> mapped;   // va -> size
+  std::uint64_t creates = 0, releases = 0, maps = 0, unmaps = 0;
+
+  struct stream {
+    std::uint64_t enqueued = 0;
+    std::uint64_t completed = 0;
+  };
+  std::map<void*, stream> streams;
+  struct event {
+    void* stream;
+    std::uint64_t seq;
+  };
+  std::map<std::uint64_t, event> events;
+  std::uint64_t next_event = 1;
+  std::uint64_t live_events = 0;
+  std::vector<std::pair<void*, void*>> waits;  // (waiter, waited-on stream) inserted by the pool
+  std::set<void*> busy;  // streams with work the test has not let run (idle() is false for them)
+
+  /// The device has executed everything enqueued on `s` so far.
+  void run(void* s) {
+    streams[s].completed = streams[s].enqueued;
+    busy.erase(s);
+  }
+  void run_all() {
+    for (auto& [k, st] : streams) st.completed = st.enqueued;
+    busy.clear();
+  }
+  /// Is [va, va + n) inside mapped memory?
+  bool is_mapped(std::uint64_t va, std::uint64_t n) const {
+    auto it = mapped.upper_bound(va);
+    if (it == mapped.begin()) return false;
+    --it;
+    // walk contiguous mappings
+    std::uint64_t at = va;
+    while (at < va + n) {
+      if (it == mapped.end() || it->first > at || it->first + it->second <= at) return false;
+      at = it->first + it->second;
+      ++it;
+    }
+    return true;
+  }
+};
+
+struct sim_backend {
+  using handle = std::uint64_t;
+  using event = std::uint64_t;
+  std::shared_ptr<sim_device> dev;
+
+  std::uint64_t granularity() const { return dev->granularity; }
+  std::uint64_t reserve(std::uint64_t bytes) {
+    const std::uint64_t at = dev->next_va;
+    dev->next_va += bytes + dev->granularity;
+    return at;
+  }
+  CUresult create(std::uint64_t bytes, handle& out) {
+    if (bytes == 0 || bytes % dev->granularity != 0) throw std::logic_error("create: bad size");
+    if (dev->physical_used + bytes > dev->capacity) return CUDA_ERROR_OUT_OF_MEMORY;
+    dev->physical_used += bytes;
+    out = dev->next_handle++;
+    dev->handles[out] = bytes;
+    ++dev->creates;
+    return CUDA_SUCCESS;
+  }
+  void map(std::uint64_t va, std::uint64_t bytes, handle& h) {
+    if (dev->handles.at(h) != bytes) throw std::logic_error("map: size mismatch");
+    auto next = dev->mapped.lower_bound(va);
+    if (next != dev->mapped.end() && next->first < va + bytes) throw std::logic_error("map: overlap");
+    if (next != dev->mapped.begin() && std::prev(next)->first + std::prev(next)->second > va)
+      throw std::logic_error("map: overlap");
+    dev->mapped[va] = bytes;
+    ++dev->maps;
+  }
+  void unmap(std::uint64_t va, std::uint64_t bytes) {
+    auto it = dev->mapped.find(va);
+    if (it == dev->mapped.end() || it->second != bytes) throw std::logic_error("unmap: not mapped");
+    dev->mapped.erase(it);
+    ++dev->unmaps;
+  }
+  void release(handle& h) {
+    auto it = dev->handles.find(h);
+    if (it == dev->handles.end()) throw std::logic_error("release: unknown handle");
+    dev->physical_used -= it->second;
+    dev->handles.erase(it);
+    ++dev->releases;
+    h = 0;
+  }
+  event record(const streamalloc::detail::stream_key& k) {
+    auto& s = dev->streams[k.native];
+    const event id = dev->next_event++;
+    dev->events[id] = {k.native, ++s.enqueued};
+    ++dev->live_events;
+    return id;
+  }
+  bool done(event& e) {
+    const auto& ev = dev->events.at(e);
+    return dev->streams[ev.stream].completed >= ev.seq;
+  }
+  bool idle(const streamalloc::detail::stream_key& k) {
+    auto& s = dev->streams[k.native];
+    return s.completed == s.enqueued && !dev->busy.count(k.native);
+  }
+  void wait(const streamalloc::detail::stream_key& k, event& e) {
+    dev->waits.emplace_back(k.native, dev->events.at(e).stream);
+    // A stream waiting on an event not yet reached is blocked: not idle until it runs.
+    if (!done(e)) dev->busy.insert(k.native);
+  }
+  void synchronize(event& e) {
+    auto& ev = dev->events.at(e);
+    auto& s = dev->streams[ev.stream];
+    s.completed = std::max(s.completed, ev.seq);
+  }
+  void destroy(event& e) {
+    dev->events.erase(e);
+    --dev->live_events;
+  }
+};
+
+}  // namespace streamalloc_test
