@@ -67,6 +67,7 @@ for bin in "$build"/tests/gpu_*; do "$bin" >>"$out/ctest.log" 2>&1; done
 if [ $quick -eq 0 ]; then
   sanitize() {
     local rc=0
+    export STREAMALLOC_STRESS_ITERATIONS=120
     for bin in "$build"/tests/gpu_* "$build"/examples/streamalloc_*; do
       [ -x "$bin" ] || continue
       echo "--- memcheck $(basename "$bin")"

@@ -13,6 +13,7 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -430,7 +431,9 @@ TEST_CASE("stress: threads on their own and shared streams, handing blocks acros
   pool_properties props;
   props.release_threshold = 256 * MiB;
   pool p(props);
-  constexpr int threads = 8, iterations = 600;
+  // Fewer under the sanitizers (scripts/gpu-check.sh), which slow every launch down.
+  const char* env = std::getenv("STREAMALLOC_STRESS_ITERATIONS");
+  const int threads = 8, iterations = env != nullptr ? std::atoi(env) : 600;
   std::vector<stream> own;
   for (int t = 0; t < threads; ++t) own.emplace_back(0);
   stream shared(0);

@@ -18,7 +18,9 @@ enum class block_state : std::uint8_t {
   clear,    ///< freed and known complete: reusable by every stream
 };
 
-struct block {
+// A cache line each: the fast path writes a block's state and links, and blocks made one after
+// another (each thread's first block, say) would otherwise share lines between threads.
+struct alignas(64) block {
   std::uint64_t addr = 0;
   std::uint64_t size = 0;
   // Address neighbours within one contiguous mapped run; null at the run's ends.
