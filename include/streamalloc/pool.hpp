@@ -21,6 +21,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -330,6 +331,20 @@ class pool {
    */
   void trim_to(std::size_t keep) { core_->trim_to(keep); }
 
+  /**
+   * @brief A synchronization point for the pool: blocks the host until the device has finished
+   * all work (all devices', for a host pool), so every free made before is reusable by every
+   * stream, then applies the release threshold.
+   * @throws cuda_error
+   */
+  void synchronize() {
+    if (props_.location.is_device()) {
+      synchronize_device(props_.location.id());
+    } else {
+      for (int d = 0; d < device_count(); ++d) synchronize_device(d);
+    }
+  }
+
   void set_release_threshold(std::size_t bytes) {
     props_.release_threshold = bytes;
     core_->set_release_threshold(bytes);
@@ -398,9 +413,24 @@ inline pool_ref default_pool(int device) {
   if (pool* p = defaults[device].load(std::memory_order_acquire)) return *p;
   std::lock_guard lock(m);
   if (pool* p = defaults[device].load(std::memory_order_relaxed)) return *p;
-  // Never destroyed: memory from it may be freed by static destructors anywhere.
+  // Never destroyed: memory from it may be freed by static destructors anywhere. At exit it
+  // gives back the free memory it caches, so leak checkers see only what was never freed.
   auto* p = new pool(pool_properties{.location = memory_location::device(device)});
   defaults[device].store(p, std::memory_order_release);
+  static const bool trim_at_exit = [] {
+    std::atexit([] {
+      for (auto& slot : defaults) {
+        if (pool* q = slot.load(std::memory_order_acquire)) {
+          try {
+            q->trim_to(0);
+          } catch (...) {  // the driver may already be shutting down: nothing more to do
+          }
+        }
+      }
+    });
+    return true;
+  }();
+  (void)trim_at_exit;
   return *p;
 }
 

@@ -73,6 +73,15 @@ TEST_SUITE("pool") {
     }
   }
 
+  TEST_CASE("pool::synchronize applies the release threshold") {
+    pool p;
+    stream s(0);
+    p.deallocate(p.allocate(10 * MiB, s), s);
+    CHECK(p.statistics().reserved_current == 64 * MiB);
+    p.synchronize();
+    CHECK(p.statistics().reserved_current == 0);
+  }
+
   TEST_CASE("defragmentation remaps free chunks instead of growing") {
     pool_properties props;
     props.chunk_size = 2 * MiB;

@@ -231,6 +231,18 @@ TEST_CASE("the release threshold and trim, measured against the device's free me
     CHECK(p.statistics().reserved_current == 0);
     CHECK(device_free() + slack >= before);
   }
+  SUBCASE("pool::synchronize is a synchronization point") {
+    pool p;  // release_threshold 0
+    stream s(0);
+    const std::size_t before = device_free();
+    void* x = p.allocate(size, s);
+    slow_fill_kernel<<<1, 32, 0, s.get()>>>(static_cast<std::uint32_t*>(x), 1024, 4, busy_cycles / 4);
+    p.deallocate(x, s);
+    CHECK(p.statistics().reserved_current >= size);
+    p.synchronize();
+    CHECK(p.statistics().reserved_current == 0);
+    CHECK(device_free() + slack >= before);
+  }
   SUBCASE("trim never releases memory whose free may still be running") {
     pool_properties props;
     props.release_threshold = SIZE_MAX;
@@ -373,6 +385,8 @@ TEST_CASE("default and current pools; pointer to pool lookup") {
   CHECK(default_pool(0).owns(d));
   CHECK(find_pool(d) == default_pool(0));
   streamalloc::deallocate(d, s);
+  s.synchronize();  // a synchronization point: the default pool (threshold 0) gives it back
+  CHECK(default_pool(0).statistics().reserved_current == 0);
 
   pool mine;
   set_current_pool(0, mine);

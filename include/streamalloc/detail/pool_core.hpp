@@ -289,7 +289,8 @@ class pool_core final : public completion_listener {
   void on_synchronize(std::uint64_t stream) noexcept override {
     try {
       std::lock_guard lock(mutex_);
-      if (stream == 0) {
+      if (stream == 0) {  // every stream
+        for (auto& [id, st] : states_) flush_cache(*st);
         settle_all(false);
       } else if (auto it = states_.find(stream); it != states_.end()) {
         flush_cache(*it->second);
