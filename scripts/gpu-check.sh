@@ -42,8 +42,10 @@ generator=""
 command -v ninja >/dev/null && generator="-G Ninja"
 
 build_all() {
+  # Every option explicitly: a build tree left from an earlier run may have cached others.
   cmake -S . -B "$build" $generator -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DCMAKE_CUDA_ARCHITECTURES="$arch" $doctest_dir && cmake --build "$build" -j "$(nproc)"
+    -DCMAKE_CUDA_ARCHITECTURES="$arch" -DSTREAMALLOC_BUILD_TESTS=ON -DSTREAMALLOC_BUILD_EXAMPLES=ON \
+    -DSTREAMALLOC_BUILD_BENCH=ON $doctest_dir && cmake --build "$build" -j "$(nproc)"
 }
 step build build_all
 
@@ -55,6 +57,10 @@ run_ctest() {
   local rc=${PIPESTATUS[0]}
   if grep -q "The following tests did not run" "$log"; then
     echo "some tests were skipped; on a GPU machine nothing may be"
+    rc=1
+  fi
+  if ! grep -qE "tests passed.* out of [1-9]" "$log"; then
+    echo "no tests ran"
     rc=1
   fi
   rm -f "$log"
