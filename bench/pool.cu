@@ -13,7 +13,10 @@
 #include <cub/util_allocator.cuh>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <atomic>
+#include <pthread.h>
+#include <sched.h>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -160,8 +163,35 @@ void mixed_rounds() {
 
 // --- 3. threads on their own streams --------------------------------------------------------
 
+// One CPU per physical core, from sysfs (the first of each core's hardware threads), so that
+// n threads run on n cores rather than share some through SMT; empty if unknown.
+std::vector<int> one_cpu_per_core() {
+  std::vector<int> cpus;
+  std::vector<std::string> seen;
+  for (int c = 0; c < 1024; ++c) {
+    std::ifstream f("/sys/devices/system/cpu/cpu" + std::to_string(c) + "/topology/thread_siblings_list");
+    if (!f) break;
+    std::string siblings;
+    std::getline(f, siblings);
+    if (std::find(seen.begin(), seen.end(), siblings) != seen.end()) continue;
+    seen.push_back(siblings);
+    cpus.push_back(c);
+  }
+  return cpus;
+}
+
+void pin_to(int cpu) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  (void)pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+}
+
 void threads_own_streams() {
-  std::printf("\n3. threads allocating and freeing 4 KiB on their own streams: million pairs/s, all threads\n");
+  const std::vector<int> cores = one_cpu_per_core();
+  std::printf("\n3. threads allocating and freeing 4 KiB on their own streams: million pairs/s, all threads\n"
+              "   (%zu physical cores seen; up to that many threads each get a core of their own)\n",
+              cores.size());
   std::printf("%8s %14s %14s %10s %16s\n", "threads", "streamalloc", "MallocAsync", "ratio", "streamalloc/1thr");
   streamalloc::pool pool(kept());
   cudaMemPool_t dp = make_driver_pool();
@@ -177,6 +207,7 @@ void threads_own_streams() {
       std::vector<double> secs(threads);
       for (int t = 0; t < threads; ++t) {
         ts.emplace_back([&, t] {
+          if (threads <= static_cast<int>(cores.size())) pin_to(cores[t]);
           BENCH_CHECK(cudaSetDevice(0));
           for (int i = 0; i < 1000; ++i) pair(t);
           ++ready;
