@@ -404,7 +404,7 @@ class pool_core final : public completion_listener {
     }
   }
   // The list of states, readable without the pool lock: states are only ever added.
-  std::vector<stream_state*> state_list_snapshot() noexcept {
+  std::vector<stream_state*> state_list_snapshot() const {
     std::vector<stream_state*>* list = state_list_.load(std::memory_order_acquire);
     return list != nullptr ? *list : std::vector<stream_state*>{};
   }
@@ -427,8 +427,9 @@ class pool_core final : public completion_listener {
     if (b == nullptr) b = grow(n, st);
     if (b == nullptr && options_.reuse.internal_dependencies) b = wait_for_pending(n, st, s);
     if (b == nullptr) {
-      // Last resort before failing: memory parked in the release cache of whole free chunks is
-      // already counted as free; nothing else can be done without the caller synchronizing.
+      // Every source has been tried: free blocks usable now, completions learned just now,
+      // adjacent runs, remapping, growth, and (if allowed) waiting on other streams' frees.
+      // What remains free is pending on streams this one has no proof of.
       core_out_of_memory e;
       e.requested = n;
       e.reason = describe_state();
