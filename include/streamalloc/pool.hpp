@@ -394,8 +394,14 @@ inline std::array<std::atomic<pool*>, max_devices>& current_pools() {
   static std::array<std::atomic<pool*>, max_devices> p{};
   return p;
 }
+// The device count cannot change while the process runs: asked once, not on every allocation
+// through streamalloc::allocate.
+inline int cached_device_count() {
+  static const int n = device_count();
+  return n;
+}
 inline void check_device(int device) {
-  if (device < 0 || device >= device_count()) {
+  if (device < 0 || device >= cached_device_count()) {
     throw std::invalid_argument("streamalloc: there is no device " + std::to_string(device));
   }
 }
@@ -438,7 +444,7 @@ inline pool_ref default_pool(int device) {
 inline pool_ref current_pool(int device) {
   detail::check_device(device);
   if (pool* p = detail::current_pools()[device].load(std::memory_order_acquire)) return *p;
-  return default_pool(device);
+  return default_pool(device);  // checks again: cached, no driver call
 }
 
 /// Makes `p` the current pool of `device`. The pool's memory must live on that device.

@@ -161,9 +161,8 @@ enum class stream_flags : unsigned {
  * The fastest way to give streams to a pool: it carries its identity, so allocation on it
  * makes no driver call.
  * @code
- * streamalloc::stream s;                      // non-blocking, on the current device... or:
- * streamalloc::stream s1(0);                  // on device 0
- * void* p = pool.allocate(1 << 20, s1);
+ * streamalloc::stream s(0);                   // non-blocking, on device 0
+ * void* p = pool.allocate(1 << 20, s);
  * @endcode
  */
 class stream {

@@ -155,11 +155,16 @@ class ordering_registry {
     for (const auto& [s, e] : point.after) record(s).mark_completed(e);
   }
 
-  /// Stream `r` has executed everything up to `epoch` (a host synchronization): so has all
-  /// it was ordered after. Listeners hear of it afterwards.
-  void complete_stream(stream_record& r, std::uint64_t epoch) {
+  /// Stream `r` has executed everything up to `epoch`: so has all it was ordered after.
+  /// Tells no listener (for a pool that learned it itself, under its own lock).
+  void complete_stream_quietly(stream_record& r, std::uint64_t epoch) {
     r.mark_completed(epoch);
     for (const auto& [s, e] : r.clock()) record(s).mark_completed(e);
+  }
+
+  /// As `complete_stream_quietly`, after a host synchronization: listeners hear of it.
+  void complete_stream(stream_record& r, std::uint64_t epoch) {
+    complete_stream_quietly(r, epoch);
     notify(r.id());
   }
 

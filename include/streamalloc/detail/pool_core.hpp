@@ -239,7 +239,7 @@ class pool_core final : public completion_listener {
     std::int64_t used = 0;
     for (auto& [id, st] : states_) {
       used += st->live_bytes.load(std::memory_order_relaxed);
-      st->peak_seen = st->live_bytes.load(std::memory_order_relaxed);
+      st->peak_seen.store(st->live_bytes.load(std::memory_order_relaxed), std::memory_order_relaxed);
     }
     used_high_.store(static_cast<std::uint64_t>(std::max<std::int64_t>(used, 0)), std::memory_order_relaxed);
   }
@@ -268,21 +268,21 @@ class pool_core final : public completion_listener {
   /// The stream is going away: its cached frees join its pending bins, covered by one last
   /// event recorded while the handle is still valid; nothing is recorded on it afterwards.
   void on_retire(std::uint64_t stream) noexcept override {
+    std::lock_guard lock(mutex_);
+    auto it = states_.find(stream);
+    if (it == states_.end()) return;
+    stream_state& st = *it->second;
     try {
-      std::lock_guard lock(mutex_);
-      auto it = states_.find(stream);
-      if (it == states_.end()) return;
-      stream_state& st = *it->second;
       flush_cache(st);
       if (st.native != nullptr && !st.pending.empty() && st.newest_stamp > st.last_event_epoch) {
         clock_snapshot point = st.record->capture();
         st.events.push_back({backend_.record({st.record, st.native}), point.epoch});
         st.last_event_epoch = point.epoch;
       }
-      st.native = nullptr;
     } catch (...) {
-      if (auto it = states_.find(stream); it != states_.end()) it->second->native = nullptr;
+      // No event: the stream's pending frees wait for a device-wide synchronization.
     }
+    st.native = nullptr;
   }
 
   /// Called by the ordering registry after a host synchronization (or device-wide one).
@@ -323,7 +323,9 @@ class pool_core final : public completion_listener {
     std::uint64_t newest_stamp = 0;    // of the frees moved into pending, under the pool lock
     std::atomic<std::int64_t> live_bytes{0};
     std::atomic<std::int64_t> live_count{0};
-    std::int64_t peak_seen = 0;  // under lock
+    // Read and written on the fast path (under `lock`) and on the slow path (under the pool
+    // lock, by another thread perhaps): relaxed atomic, the value is only a threshold.
+    std::atomic<std::int64_t> peak_seen{0};
   };
 
   struct chunk {
@@ -385,8 +387,8 @@ class pool_core final : public completion_listener {
     // A new peak for this stream may be a new peak for the pool: sum every stream then. Exact
     // when one stream allocates at a time; otherwise a peak made of several streams' moments
     // is seen when one of them reaches a peak of its own.
-    if (v > st.peak_seen) {
-      st.peak_seen = v;
+    if (v > st.peak_seen.load(std::memory_order_relaxed)) {
+      st.peak_seen.store(v, std::memory_order_relaxed);
       std::int64_t sum = 0;
       if (const auto* list = state_list_.load(std::memory_order_acquire)) {
         for (stream_state* other : *list) sum += other->live_bytes.load(std::memory_order_relaxed);
@@ -492,22 +494,10 @@ class pool_core final : public completion_listener {
     clear_.for_each(consider);
     st.pending.for_each(consider);
     if (best_start == nullptr) return nullptr;
-    // Merge the run into its first block.
-    block* head = best_start;
-    head->bins->remove(head);
-    std::uint64_t stamp = head->stamp;
-    while (usable(head->next_addr)) {
-      block* x = head->next_addr;
-      x->bins->remove(x);
-      head->size += x->size;
-      stamp = std::max(stamp, x->stamp);
-      unlink(x);
-    }
-    head->stream = st.record->id();
-    head->stamp = stamp;
-    set_state(head, block_state::pending);
-    st.pending.insert(head);
-    return head;
+    // Re-inserting the run's first block as a free of `st` merges the rest of the run into it
+    // (the same merge a free makes), and the whole run lands in `st`'s pending bins.
+    best_start->bins->remove(best_start);
+    return free_pending(best_start, st);
   }
 
   /// Takes `n` bytes from the front of free block `b` (split if larger), removing it from its
@@ -546,19 +536,21 @@ class pool_core final : public completion_listener {
     for (block* b : blocks) free_pending(b, st);
   }
 
-  /// Puts a freed block into its stream's pending bins, merging with free neighbours of the
-  /// same stream.
-  void free_pending(block* b, stream_state& st) {
+  /// Puts a freed block into its stream's pending bins, merging it with free neighbours that
+  /// are pending on the same stream or clear (a clear neighbour is absorbed: usable by this
+  /// stream at once, by others once this free is known complete). Returns the merged block.
+  block* free_pending(block* b, stream_state& st) {
     st.newest_stamp = std::max(st.newest_stamp, b->stamp);
     set_state(b, block_state::pending);
     b = merge_neighbours(b, &st.pending, &clear_);
     b->stream = st.record->id();
     set_state(b, block_state::pending);  // the survivor may have been a clear neighbour
     st.pending.insert(b);
+    return b;
   }
 
-  /// Merges `b` with its address neighbours that sit in `bins` (and, when `b` is clear, only
-  /// with clear neighbours). Returns the merged block, not yet inserted.
+  /// Merges `b` (in no bins) with its free address neighbours that sit in `bins` or `also`.
+  /// The survivor takes `b`'s stream and the newest stamp. Returns it, not yet inserted.
   block* merge_neighbours(block* b, free_bins* bins, free_bins* also = nullptr) {
     // The state is read first: a cached or live neighbour may change concurrently (the fast
     // path), but never into pending or clear, which only happens under the pool lock.
@@ -602,10 +594,7 @@ class pool_core final : public completion_listener {
       // the cheapest proof there is (one query), and complete, where an event only covers the
       // frees made before it was recorded.
       const std::uint64_t point = st.record->begin_synchronize();
-      if (backend_.idle({st.record, st.native})) {
-        st.record->mark_completed(point);
-        for (const auto& [other, epoch] : st.record->clock()) ordering().record(other).mark_completed(epoch);
-      }
+      if (backend_.idle({st.record, st.native})) ordering().complete_stream_quietly(*st.record, point);
     }
     if (query_events) {
       // Record an event covering the frees made since the last one, so a later look can tell.
@@ -696,9 +685,10 @@ class pool_core final : public completion_listener {
     va_free_.emplace(at, bytes);
   }
 
-  /// The free block `st` may use that ends a mapped run with unmapped addresses after it, the
-  /// largest such: growing or remapping there extends it instead of starting a new run.
-  block* extendable_tail(stream_state& st) {
+  /// The free block `st` may use that ends a mapped run and has room after it for what a
+  /// request of `n` bytes lacks (rounded up to `unit`), the largest such: growing or remapping
+  /// there extends it instead of starting a new run. Null if none.
+  block* extendable_tail(stream_state& st, std::uint64_t n, std::uint64_t unit) {
     block* best = nullptr;
     for (auto& [start, end] : runs_) {
       auto it = by_addr_.lower_bound(end);
@@ -707,8 +697,8 @@ class pool_core final : public completion_listener {
       const block_state ls = state_of(last);
       if (ls != block_state::clear && ls != block_state::pending) continue;
       if (last->bins != &clear_ && last->bins != &st.pending) continue;
-      auto va = va_free_.find(end);
-      if (va == va_free_.end()) continue;
+      auto room = va_free_.find(end);
+      if (room == va_free_.end() || room->second < round_up(n - std::min(n, last->size), unit)) continue;
       if (best == nullptr || last->size > best->size) best = last;
     }
     return best;
@@ -762,14 +752,8 @@ class pool_core final : public completion_listener {
     const bool own = n >= options_.chunk_size && options_.own_chunk_for_large;
     // One handle of its own for a large request: copies over it run at full speed. Otherwise
     // chunks, extending the free block at the end of a mapped run when there is one.
-    block* tail = own ? nullptr : extendable_tail(st);
-    // Extending the tail needs free addresses right after it for what is missing; else the
-    // new memory goes elsewhere and must hold the whole request.
-    if (tail != nullptr) {
-      const std::uint64_t missing = round_up(n - std::min(n, tail->size), options_.chunk_size);
-      auto room = va_free_.find(tail->addr + tail->size);
-      if (room == va_free_.end() || room->second < missing) tail = nullptr;
-    }
+    // Without a tail to extend, the new memory must hold the whole request.
+    block* tail = own ? nullptr : extendable_tail(st, n, options_.chunk_size);
     const std::uint64_t have = tail != nullptr ? tail->size : 0;
     const std::uint64_t need = round_up(n - std::min(n, have), granularity_);
     std::vector<std::uint64_t> sizes;
@@ -787,6 +771,7 @@ class pool_core final : public completion_listener {
     if (options_.max_size != 0 && reserved_ + total > options_.max_size) return nullptr;
     std::vector<handle> handles(sizes.size());
     for (std::size_t i = 0; i < sizes.size(); ++i) {
+      // Out of device memory: give back the whole free chunks this pool caches, then retry.
       CUresult r = backend_.create(sizes[i], handles[i]);
       if (r != CUDA_SUCCESS && release_free_chunks(0) != 0) r = backend_.create(sizes[i], handles[i]);
       if (r != CUDA_SUCCESS) {
@@ -794,16 +779,14 @@ class pool_core final : public completion_listener {
         return nullptr;
       }
     }
-    // Releasing free chunks above may have taken the tail with them.
-    if (tail != nullptr && !own) {
-      tail = extendable_tail(st);
-      if (tail == nullptr || tail->size + total < n) tail = nullptr;
+    // Releasing free chunks above may have taken the tail with them, or shrunk it.
+    if (tail != nullptr) {
+      tail = extendable_tail(st, n, options_.chunk_size);
+      if (tail != nullptr && tail->size + total < n) tail = nullptr;
     }
     std::optional<std::uint64_t> va;
-    if (tail != nullptr) va = take_va(total, tail->addr + tail->size);
-    if (!va && (tail != nullptr && total < n)) {
-      // Cannot happen (room was checked above, and releasing chunks only frees addresses);
-      // guard anyway rather than map too little.
+    if (tail != nullptr) va = take_va(total, tail->addr + tail->size);  // room was checked
+    if (!va && total < n) {  // away from the tail, too little to hold the request
       for (auto& h : handles) backend_.release(h);
       return nullptr;
     }
@@ -892,12 +875,7 @@ class pool_core final : public completion_listener {
     auto movable = free_chunks();
     std::uint64_t total = 0;
     for (auto& m : movable) total += m.size;
-    block* tail = extendable_tail(st);
-    // The tail counts only if the chunks can go right after it.
-    if (tail != nullptr) {
-      auto room = va_free_.find(tail->addr + tail->size);
-      if (room == va_free_.end() || room->second < n - std::min(n, tail->size)) tail = nullptr;
-    }
+    block* tail = extendable_tail(st, n, granularity_);  // only if the chunks fit after it
     const std::uint64_t have = tail != nullptr ? tail->size : 0;
     if (total + have < n) return nullptr;
     // Take chunks out of the smallest free blocks first, so the large free blocks stay whole
