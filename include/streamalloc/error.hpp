@@ -134,3 +134,17 @@ class not_supported : public cuda_error {
 };
 
 }  // namespace streamalloc
+
+namespace streamalloc {
+
+/**
+ * @brief A stream-ordering rule was broken in a way the types could not catch: an ordering
+ * token for another stream, or one made before the buffer's last use. Thrown by the run-time
+ * checks of debug builds (see `STREAMALLOC_CHECK_ORDERING` in <streamalloc/ordering.hpp>).
+ */
+class ordering_error : public std::logic_error {
+ public:
+  using std::logic_error::logic_error;
+};
+
+}  // namespace streamalloc

@@ -161,6 +161,18 @@ inline pool_directory& pools() {
 }
 
 inline stream_key key_of(stream_ref s) { return {&s.record(), s.get()}; }
+
+/// The pseudo-stream of synchronous allocations: no CUDA stream, and every free on it is
+/// complete when made (the caller promises no work uses the memory any more), so what it
+/// frees is reusable by every stream as soon as the pool looks.
+inline stream_key host_key() {
+  static stream_record& r = [] () -> stream_record& {
+    stream_record& rec = ordering().record(~std::uint64_t{0});
+    rec.mark_completed(~std::uint64_t{0} >> 1);
+    return rec;
+  }();
+  return {&r, nullptr};
+}
 }  // namespace detail
 
 /**
@@ -278,15 +290,7 @@ class pool {
    */
   [[nodiscard]] void* allocate(std::size_t bytes, stream_ref s) {
     if (bytes == 0) return nullptr;
-    if (bytes > (std::size_t{1} << 62)) [[unlikely]] {
-      throw out_of_memory(bytes, "streamalloc: " + std::to_string(bytes) + " bytes is more than any pool can hold");
-    }
-    try {
-      return reinterpret_cast<void*>(core_->allocate(bytes, detail::key_of(s)));
-    } catch (const detail::core_out_of_memory& e) {
-      throw out_of_memory(bytes, "streamalloc: cannot allocate " + std::to_string(bytes) + " bytes from a pool on " +
-                                     props_.location.to_string() + ": " + e.reason);
-    }
+    return allocate_keyed(bytes, detail::key_of(s));
   }
 
   /**
@@ -299,6 +303,39 @@ class pool {
   void deallocate(void* p, stream_ref s) {
     if (p == nullptr) return;
     core_->deallocate(reinterpret_cast<std::uint64_t>(p), detail::key_of(s));
+  }
+
+  /**
+   * @brief Allocates `bytes` ordered with the host rather than a stream (like `cudaMalloc`):
+   * the memory is usable at once by every stream, and by the host for a host pool. It never
+   * comes from memory whose free may still be pending on a stream; when only such memory is
+   * left, the host waits for the frees (so this may block). `bytes == 0` returns nullptr.
+   * @throws out_of_memory
+   */
+  [[nodiscard]] void* allocate_sync(std::size_t bytes) { return allocate_keyed(bytes, detail::host_key()); }
+
+  /**
+   * @brief Frees `p` now (like `cudaFree`, without its synchronization): the caller promises
+   * that no work still uses it; the memory is reusable at once by every stream.
+   * @throws std::invalid_argument, changing nothing, for a pointer that is not live here
+   */
+  void deallocate_sync(void* p) {
+    if (p == nullptr) return;
+    core_->deallocate(reinterpret_cast<std::uint64_t>(p), detail::host_key());
+  }
+
+  /**
+   * @brief Makes the live allocation at `p` at least `bytes` long without moving it, by taking
+   * the free memory right after it or mapping new physical memory behind it. Ordered on `s`:
+   * the added bytes are usable by work enqueued on `s` after the call (their contents are
+   * undefined). No copy is made and `p` stays valid.
+   * @return the allocation's new size (>= bytes, a multiple of 256), or 0 when the addresses
+   *         after it are taken (nothing changed: allocate, copy and free instead)
+   * @throws std::invalid_argument when `p` is not a live allocation of this pool
+   */
+  std::size_t grow_in_place(void* p, std::size_t bytes, stream_ref s) {
+    if (bytes > (std::size_t{1} << 62)) [[unlikely]] return 0;
+    return static_cast<std::size_t>(core_->grow_in_place(reinterpret_cast<std::uint64_t>(p), bytes, detail::key_of(s)));
   }
 
   /// True if `p` lies in the pool's address range (live or not).
@@ -335,14 +372,14 @@ class pool {
    * @brief A synchronization point for the pool: blocks the host until the device has finished
    * all work (all devices', for a host pool), so every free made before is reusable by every
    * stream, then applies the release threshold.
+   * @return for a device pool, the proof that the host saw the device's work finish
    * @throws cuda_error
    */
-  void synchronize() {
-    if (props_.location.is_device()) {
-      synchronize_device(props_.location.id());
-    } else {
-      for (int d = 0; d < device_count(); ++d) synchronize_device(d);
-    }
+  host_order synchronize() {
+    if (props_.location.is_device()) return synchronize_device(props_.location.id());
+    host_order last = synchronize_device(0);
+    for (int d = 1; d < device_count(); ++d) last = synchronize_device(d);
+    return last;
   }
 
   void set_release_threshold(std::size_t bytes) {
@@ -367,6 +404,19 @@ class pool {
   }
 
  private:
+  void* allocate_keyed(std::size_t bytes, detail::stream_key key) {
+    if (bytes == 0) return nullptr;
+    if (bytes > (std::size_t{1} << 62)) [[unlikely]] {
+      throw out_of_memory(bytes, "streamalloc: " + std::to_string(bytes) + " bytes is more than any pool can hold");
+    }
+    try {
+      return reinterpret_cast<void*>(core_->allocate(bytes, key));
+    } catch (const detail::core_out_of_memory& e) {
+      throw out_of_memory(bytes, "streamalloc: cannot allocate " + std::to_string(bytes) + " bytes from a pool on " +
+                                     props_.location.to_string() + ": " + e.reason);
+    }
+  }
+
   pool_properties props_;
   std::unique_ptr<detail::vmm_pool_core> core_;
 };

@@ -12,10 +12,12 @@
 #include <streamalloc/detail/driver_api.hpp>
 #include <streamalloc/detail/ordering.hpp>
 #include <streamalloc/error.hpp>
+#include <streamalloc/ordering.hpp>
 
 #include <cuda/stream_ref>
 #include <cuda_runtime_api.h>
 
+#include <array>
 #include <cstddef>
 #include <memory>
 #include <mutex>
@@ -102,21 +104,25 @@ class stream_ref {
   /**
    * @brief Makes work enqueued on this stream from now on wait for `e`'s last record
    * (`cudaStreamWaitEvent`); the pools learn this stream is ordered after it.
+   * @return the proof that this stream runs after the stream `e` was recorded on, up to the
+   *         record (for `stream_buffer::set_stream` and friends)
    * @throws cuda_error
    */
-  void wait(event_ref e) const;
+  stream_order wait(event_ref e) const;
 
   /**
    * @brief Blocks the host until the stream's work is done (`cudaStreamSynchronize`). Memory
    * freed on it before the call is then reusable by every stream, and pools apply their
    * release thresholds.
+   * @return the proof that the host saw this stream's work, up to the call, finish
    * @throws cuda_error
    */
-  void synchronize() const {
+  host_order synchronize() const {
     detail::stream_record& r = record();
     const std::uint64_t point = r.begin_synchronize();
     detail::check(detail::cu::cuStreamSynchronize_nothrow(stream_), "cuStreamSynchronize");
     detail::ordering().complete_stream(r, point);
+    return host_order(r.id(), -1, point);
   }
 
   /// True if all the stream's work is done (`cudaStreamQuery`); then as `synchronize()`.
@@ -205,8 +211,8 @@ class stream {
   [[nodiscard]] stream_ref ref() const noexcept { return stream_ref(stream_, record_); }
   operator stream_ref() const noexcept { return ref(); }  // NOLINT: an owner views as its ref
   [[nodiscard]] cudaStream_t get() const noexcept { return stream_; }
-  void wait(event_ref e) const;
-  void synchronize() const { ref().synchronize(); }
+  stream_order wait(event_ref e) const;
+  host_order synchronize() const { return ref().synchronize(); }
   [[nodiscard]] bool query() const { return ref().query(); }
   [[nodiscard]] int device() const noexcept { return record_->device(); }
 
@@ -253,11 +259,13 @@ class event_ref {
   }
 
   /// Blocks the host until the event's last record has executed (`cudaEventSynchronize`).
+  /// @return the proof that the host saw the recording stream's work, up to the record, finish
   /// @throws cuda_error
-  void synchronize() const {
+  host_order synchronize() const {
     const detail::clock_snapshot point = snapshot();
     detail::check(detail::cu::cuEventSynchronize_nothrow(event_), "cuEventSynchronize");
     completed(point);
+    return host_order(point.stream, -1, point.epoch);
   }
 
   /// True if the last record has executed (`cudaEventQuery`).
@@ -329,7 +337,7 @@ class event {
   operator event_ref() const noexcept { return ref(); }  // NOLINT: an owner views as its ref
   [[nodiscard]] cudaEvent_t get() const noexcept { return event_; }
   void record(stream_ref s) const { ref().record(s); }
-  void synchronize() const { ref().synchronize(); }
+  host_order synchronize() const { return ref().synchronize(); }
   [[nodiscard]] bool query() const { return ref().query(); }
 
  private:
@@ -341,25 +349,58 @@ class event {
   std::unique_ptr<detail::event_state> state_;
 };
 
-inline void stream_ref::wait(event_ref e) const {
+inline stream_order stream_ref::wait(event_ref e) const {
   detail::stream_record& r = record();
   if (e.state_ == nullptr) {
     detail::check(detail::cu::cuStreamWaitEvent_nothrow(stream_, e.event_, 0), "cuStreamWaitEvent");
-    return;
+    return stream_order(0, 0, r.id());
   }
   std::lock_guard lock(e.state_->mutex);  // the point and the wait refer to the same record
   detail::check(detail::cu::cuStreamWaitEvent_nothrow(stream_, e.event_, 0), "cuStreamWaitEvent");
   r.wait_for(e.state_->point);
+  return stream_order(e.state_->point.stream, e.state_->point.epoch, r.id());
 }
 
-inline void stream::wait(event_ref e) const { ref().wait(e); }
+inline stream_order stream::wait(event_ref e) const { return ref().wait(e); }
+
+/**
+ * @brief Orders `later` after everything enqueued on `earlier` so far (an event recorded on
+ * `earlier` and waited for by `later`, through streamalloc), without blocking the host.
+ * @return the proof, for handing memory from `earlier` to `later`
+ * @throws cuda_error
+ */
+inline stream_order order_after(stream_ref later, stream_ref earlier) {
+  // One event per thread and device, recorded again for each call: a wait uses the record
+  // made before it, so a later record cannot disturb an earlier wait.
+  thread_local std::array<std::unique_ptr<event>, detail::max_devices> scratch{};
+  const int device = earlier.device();
+  if (device < 0 || device >= detail::max_devices) {
+    throw std::invalid_argument("streamalloc::order_after: the earlier stream's device is unknown");
+  }
+  if (!scratch[device]) {
+    CUcontext ctx = detail::primary_context(device);
+    detail::cu::cuCtxPushCurrent(ctx);
+    try {
+      scratch[device] = std::make_unique<event>();
+    } catch (...) {
+      CUcontext popped = nullptr;
+      (void)detail::cu::cuCtxPopCurrent_nothrow(&popped);
+      throw;
+    }
+    CUcontext popped = nullptr;
+    (void)detail::cu::cuCtxPopCurrent_nothrow(&popped);
+  }
+  scratch[device]->record(earlier);
+  return later.wait(*scratch[device]);
+}
 
 /**
  * @brief Blocks the host until all work on `device` is done (`cudaDeviceSynchronize`); memory
  * freed on any of its streams before the call becomes reusable by every stream.
+ * @return the proof that the host saw all the device's work, up to the call, finish
  * @throws cuda_error
  */
-inline void synchronize_device(int device) {
+inline host_order synchronize_device(int device) {
   auto points = detail::ordering().begin_synchronize_all();
   std::erase_if(points, [device](auto& p) { return p.first->device() != device; });
   CUcontext ctx = detail::primary_context(device);
@@ -369,6 +410,7 @@ inline void synchronize_device(int device) {
   (void)detail::cu::cuCtxPopCurrent_nothrow(&popped);
   detail::check(r, "cuCtxSynchronize");
   detail::ordering().complete_all(points);
+  return host_order(0, device, 0);
 }
 
 }  // namespace streamalloc

@@ -9,3 +9,6 @@
 #include <streamalloc/stream.hpp>
 #include <streamalloc/vmm.hpp>
 #include <streamalloc/pool.hpp>
+#include <streamalloc/ordering.hpp>
+#include <streamalloc/resource.hpp>
+#include <streamalloc/stream_buffer.hpp>

@@ -204,6 +204,34 @@ class pool_core final : public completion_listener {
     free_pending(b, st);
   }
 
+  /// Makes the live allocation at `p` at least `bytes` long without moving it, in the order
+  /// of stream `s`: takes the free memory right after it that `s` may use, and maps new
+  /// physical memory past the end of its mapped run when the addresses there are unused.
+  /// Returns the new size, or 0 (changing nothing) when something is in the way.
+  /// Throws std::invalid_argument for a pointer that is not a live block.
+  std::uint64_t grow_in_place(std::uint64_t p, std::uint64_t bytes, stream_key s) {
+    const std::uint64_t n = round_up(bytes == 0 ? 1 : bytes, free_bins::quantum);
+    stream_state& st = state_for(s);
+    block* b = live_.find(p);
+    if (b == nullptr) [[unlikely]] {
+      throw std::invalid_argument(explain_bad_free(p, "grow_in_place"));
+    }
+    std::lock_guard lock(mutex_);
+    const std::uint64_t old = b->size;
+    if (n <= old) return old;
+    flush_cache(st);  // this stream's cached neighbours coalesce first
+    bool extended = extend(b, n, st);
+    if (!extended) {
+      // Other streams' cached frees, and whatever completed since the pool last looked.
+      for (auto& [id, other] : states_) flush_cache(*other);
+      settle_all(options_.reuse.opportunistic);
+      extended = extend(b, n, st);
+    }
+    if (!extended) return 0;
+    account_bytes(st, static_cast<std::int64_t>(b->size - old));
+    return b->size;
+  }
+
   // --- queries -----------------------------------------------------------------------------
 
   core_statistics statistics() {
@@ -381,9 +409,11 @@ class pool_core final : public completion_listener {
   }
 
   void account_allocate(stream_state& st, std::uint64_t size) noexcept {
-    const auto v = st.live_bytes.fetch_add(static_cast<std::int64_t>(size), std::memory_order_relaxed) +
-                   static_cast<std::int64_t>(size);
     st.live_count.fetch_add(1, std::memory_order_relaxed);
+    account_bytes(st, static_cast<std::int64_t>(size));
+  }
+  void account_bytes(stream_state& st, std::int64_t size) noexcept {
+    const auto v = st.live_bytes.fetch_add(size, std::memory_order_relaxed) + size;
     // A new peak for this stream may be a new peak for the pool: sum every stream then. Exact
     // when one stream allocates at a time; otherwise a peak made of several streams' moments
     // is seen when one of them reaches a peak of its own.
@@ -808,6 +838,69 @@ class pool_core final : public completion_listener {
     return find_usable(n, st);
   }
 
+  /// Extends live block `b` to `n` bytes with the free blocks after it that `st` may use,
+  /// mapping new physical memory at the end of its run if they fall short. False, changing
+  /// nothing, when a block in the way is live or not usable, or the addresses after the run
+  /// are taken, or the pool is at its limit or the device out of memory.
+  bool extend(block* b, std::uint64_t n, stream_state& st) {
+    auto usable = [&](block* x) {
+      if (x == nullptr) return false;
+      const block_state xs = state_of(x);
+      if (xs == block_state::clear) return x->bins == &clear_;
+      if (xs != block_state::pending) return false;
+      if (x->bins == &st.pending) return true;
+      if (!options_.reuse.follow_event_dependencies) return false;
+      auto it = states_.find(x->stream);
+      if (it == states_.end() || x->bins != &it->second->pending) return false;
+      const std::uint64_t limit = std::max(st.record->ordered_after(x->stream), it->second->record->completed());
+      return x->stamp <= limit;
+    };
+    std::uint64_t have = b->size;
+    block* last = b;
+    while (have < n && usable(last->next_addr)) {
+      last = last->next_addr;
+      have += last->size;
+    }
+    if (have < n) {
+      if (last->next_addr != nullptr) return false;  // a live or unusable block in the way
+      const std::uint64_t end = last->addr + last->size;
+      const std::uint64_t bytes = round_up(n - have, granularity_);
+      if (options_.max_size != 0 && reserved_ + bytes > options_.max_size) return false;
+      auto room = va_free_.upper_bound(end);
+      if (room == va_free_.begin()) return false;
+      --room;
+      if (room->first > end || room->first + room->second < end + bytes) return false;
+      handle h{};
+      // No retry after releasing cached chunks here: the free blocks after `b` may be among them.
+      if (backend_.create(bytes, h) != CUDA_SUCCESS) return false;
+      carve_va(room, end, bytes);
+      reserved_ += bytes;
+      reserved_high_ = std::max(reserved_high_, reserved_);
+      reserved_seen_.store(reserved_, std::memory_order_relaxed);
+      ++grows_;
+      place_chunk(end, chunk{bytes, std::move(h)}, &clear_, &st);
+    }
+    // Absorb the blocks after `b`, splitting the last one.
+    while (b->size < n) {
+      block* x = b->next_addr;
+      free_bins* bins = x->bins;
+      bins->remove(x);
+      const std::uint64_t want = n - b->size;
+      if (x->size <= want) {
+        b->size += x->size;
+        unlink(x);
+      } else {
+        by_addr_.erase(x->addr);
+        x->addr += want;
+        x->size -= want;
+        by_addr_[x->addr] = x;
+        bins->insert(x);
+        b->size += want;
+      }
+    }
+    return true;
+  }
+
   struct free_chunk {
     std::uint64_t va, size;
     std::uint64_t block_size;  ///< of the free block holding it
@@ -958,7 +1051,11 @@ class pool_core final : public completion_listener {
       stream_key k{other->record, other->native};
       clock_snapshot point = other->record->capture();
       event ev = backend_.record(k);
-      backend_.wait(s, ev);
+      if (s.native != nullptr) {
+        backend_.wait(s, ev);
+      } else {
+        backend_.synchronize(ev);  // a synchronous allocation: the host waits instead
+      }
       st.record->wait_for(point);  // recorded whatever the policies: it is a real ordering
       other->events.push_back({ev, point.epoch});
       other->last_event_epoch = std::max(other->last_event_epoch, point.epoch);
@@ -978,25 +1075,26 @@ class pool_core final : public completion_listener {
     return m;
   }
 
-  std::string explain_bad_free(std::uint64_t p) {
+  std::string explain_bad_free(std::uint64_t p, const char* what = "deallocate") {
+    const std::string who = std::string("streamalloc::pool::") + what + ": ";
     char buf[32];
     std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(p));
-    if (!owns(p)) return std::string("streamalloc::pool::deallocate: ") + buf + " was not allocated from this pool";
+    if (!owns(p)) return who + buf + " was not allocated from this pool";
     std::lock_guard lock(mutex_);
     auto it = by_addr_.upper_bound(p);
     if (it != by_addr_.begin()) {
       block* b = std::prev(it)->second;
       if (p < b->addr + b->size) {
         if (state_of(b) == block_state::live) {
-          return std::string("streamalloc::pool::deallocate: ") + buf +
+          return who + buf +
                  " points inside an allocation, not at its start";
         }
         if (b->addr == p) {
-          return std::string("streamalloc::pool::deallocate: ") + buf + " is already free (double free)";
+          return who + buf + " is already free (double free)";
         }
       }
     }
-    return std::string("streamalloc::pool::deallocate: ") + buf +
+    return who + buf +
            " is not a live allocation of this pool (freed already, or never returned by allocate)";
   }
 

@@ -301,6 +301,77 @@ struct order_model {
 };
 }  // namespace
 
+TEST_CASE("grow_in_place: takes the free memory after a block, then maps more behind it") {
+  fixture f;
+  auto s = make_stream();
+  const auto p = f.pool->allocate(1 * MiB, s.key());
+  const auto used = f.pool->statistics().used_current;
+  // Inside the first 64 MiB chunk: no driver call.
+  const auto creates = f.dev->creates;
+  CHECK(f.pool->grow_in_place(p, 40 * MiB, s.key()) == 40 * MiB);
+  CHECK(f.dev->creates == creates);
+  CHECK(f.pool->statistics().used_current == used + 39 * MiB);
+  // Past the chunk: new physical memory mapped right after it, the address unchanged.
+  CHECK(f.pool->grow_in_place(p, 1000 * MiB, s.key()) == 1000 * MiB);
+  CHECK(f.dev->creates > creates);
+  CHECK(f.dev->is_mapped(p, 1000 * MiB));
+  CHECK(f.pool->find_live(p) == std::pair{p, 1000 * MiB});
+  // A smaller size changes nothing.
+  CHECK(f.pool->grow_in_place(p, 10, s.key()) == 1000 * MiB);
+  // The whole block goes back with one free, and is reused whole.
+  f.pool->deallocate(p, s.key());
+  CHECK(f.pool->statistics().used_current == used - 1 * MiB);
+  CHECK(f.pool->allocate(1000 * MiB, s.key()) == p);
+}
+
+TEST_CASE("grow_in_place: a live block in the way, or another stream's unproven free, says no") {
+  core_options o;
+  o.reuse = {true, false, false};
+  fixture f(o);
+  auto a = make_stream(), b = make_stream();
+  const auto p = f.pool->allocate(1 * MiB, a.key());
+  const auto q = f.pool->allocate(1 * MiB, a.key());
+  REQUIRE(q == p + 1 * MiB);
+  CHECK(f.pool->grow_in_place(p, 2 * MiB, a.key()) == 0);  // q is live
+  CHECK(f.pool->find_live(p) == std::pair{p, 1 * MiB});
+  f.dev->busy.insert(b.native);
+  f.pool->deallocate(q, b.key());  // freed on b, b still busy: a may not take it
+  CHECK(f.pool->grow_in_place(p, 2 * MiB, a.key()) == 0);
+  a.record->wait_for(b.record->capture());  // a now runs after the free
+  CHECK(f.pool->grow_in_place(p, 2 * MiB, a.key()) == 2 * MiB);
+  CHECK_THROWS_AS(f.pool->grow_in_place(p + 256, 4 * MiB, a.key()), std::invalid_argument);
+}
+
+TEST_CASE("grow_in_place: the limit says no and leaves the block as it was") {
+  core_options o;
+  o.max_size = 128 * MiB;
+  fixture f(o);
+  auto s = make_stream();
+  const auto p = f.pool->allocate(1 * MiB, s.key());
+  CHECK(f.pool->grow_in_place(p, 100 * MiB, s.key()) == 100 * MiB);
+  CHECK(f.pool->grow_in_place(p, 200 * MiB, s.key()) == 0);
+  CHECK(f.pool->find_live(p) == std::pair{p, 100 * MiB});
+  CHECK(f.pool->statistics().reserved_current <= 128 * MiB);
+}
+
+TEST_CASE("a host-ordered pseudo-stream: its frees are reusable by every stream at once") {
+  core_options o;
+  o.reuse = {false, false, false};
+  o.chunk_size = 2 * MiB;
+  fixture f(o);
+  stream_record& host = ordering().record(~std::uint64_t{0} - 7);
+  host.mark_completed(~std::uint64_t{0} >> 1);
+  const stream_key h{&host, nullptr};
+  auto s = make_stream();
+  const auto p = f.pool->allocate(2 * MiB, h);
+  f.pool->deallocate(p, h);
+  CHECK(f.pool->allocate(2 * MiB, s.key()) == p);  // no policy needed: the free is complete
+  // And the host never takes a stream's pending free: it grows instead.
+  f.dev->busy.insert(s.native);
+  f.pool->deallocate(p, s.key());
+  CHECK(f.pool->allocate(2 * MiB, h) != p);
+}
+
 TEST_CASE("randomized: no overlap, only legal reuse, every byte accounted for") {
   for (std::uint64_t seed = 1; seed <= 64; ++seed) {
     CAPTURE(seed);

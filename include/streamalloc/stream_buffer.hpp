@@ -1,0 +1,505 @@
+#pragma once
+
+/// @file
+/// @brief `stream_buffer<T>`: a typed, move-only buffer allocated and freed in the order of a
+/// stream, that grows in place, and that moves to another stream only with proof of ordering.
+
+#include <streamalloc/ordering.hpp>
+#include <streamalloc/pool.hpp>
+#include <streamalloc/resource.hpp>
+#include <streamalloc/stream.hpp>
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <limits>
+#include <ranges>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace streamalloc {
+
+/// What `reserve` or `resize` did to the buffer's memory.
+enum class growth {
+  unchanged,  ///< the capacity was enough
+  in_place,   ///< more memory mapped or taken behind the buffer: same address, nothing copied
+  moved,      ///< new memory allocated and the contents copied there (the address changed)
+};
+
+template <class T, class... Properties>
+class basic_stream_buffer;
+
+namespace detail {
+template <class>
+inline constexpr bool dependent_false_v = false;
+
+template <class>
+inline constexpr bool is_stream_buffer_v = false;
+template <class T, class... P>
+inline constexpr bool is_stream_buffer_v<basic_stream_buffer<T, P...>> = true;
+
+inline void check_runtime(cudaError_t e, const char* call) {
+  if (e != cudaSuccess) [[unlikely]] {
+    throw cuda_error(static_cast<CUresult>(e), call, cudaGetErrorString(e));
+  }
+}
+}  // namespace detail
+
+/**
+ * @brief A buffer of `T` allocated from a pool in the order of a stream (its stream), freed
+ * in that order when destroyed. `Properties` say where its memory is accessible from
+ * (`device_accessible`, `host_accessible`); `stream_buffer<T>` is device memory,
+ * `host_stream_buffer<T>` host memory kernels can also use.
+ *
+ * The ordering rules are part of the interface:
+ * - work on the buffer's stream may use it at once (`data()` for kernels on `stream()`;
+ *   `copy_from`, `copy_to`, `resize` enqueue on it);
+ * - to use it on another stream, move it there with proof: `set_stream(b, proof)`, where the
+ *   proof comes from `b.wait(e)`, `order_after(b, a)` or a host synchronization;
+ * - to free it on another stream: `std::move(buf).free_on(b, proof)`;
+ * - reading another buffer on this stream needs the same proof (`copy_from(other, proof)`).
+ * Streams that read the buffer through `copy_from(other, proof)` are ordered before its free
+ * by the buffer itself.
+ * @code
+ * streamalloc::stream a(0), b(0);
+ * streamalloc::stream_buffer<float> x(1 << 20, a);      // from the current pool of a's device
+ * fill<<<grid, block, 0, a.get()>>>(x.data(), x.size());
+ * x.set_stream(b, streamalloc::order_after(b, a));     // b runs after the fill
+ * x.resize(2 << 20);                                   // grows in place on b, no copy
+ * @endcode
+ */
+template <class T, class... Properties>
+class basic_stream_buffer {
+  static_assert(std::is_trivially_copyable_v<T>,
+                "streamalloc::stream_buffer<T>: T must be trivially copyable: the buffer moves its bytes with "
+                "cudaMemcpyAsync and never runs constructors or destructors on the device");
+  static_assert(!std::is_const_v<T> && !std::is_volatile_v<T> && !std::is_reference_v<T>,
+                "streamalloc::stream_buffer<T>: T must be a plain object type");
+  static_assert(sizeof...(Properties) > 0, "streamalloc::basic_stream_buffer: name device_accessible and/or host_accessible");
+
+ public:
+  using value_type = T;
+  using size_type = std::size_t;
+  using resource_type = pool_resource<Properties...>;
+  static constexpr bool is_host_accessible = has_property_v<host_accessible, Properties...>;
+  static constexpr bool is_device_accessible = has_property_v<device_accessible, Properties...>;
+
+  /// Rejected: a buffer is allocated in the order of a stream.
+  template <class U = T>
+  explicit basic_stream_buffer(size_type) {
+    static_assert(detail::dependent_false_v<U>,
+                  "streamalloc::stream_buffer: a buffer is allocated in the order of a stream: "
+                  "stream_buffer<T>(count, stream) or stream_buffer<T>(count, stream, resource)");
+  }
+
+  /**
+   * @brief `count` elements (uninitialized) on `s`, from the current pool of `s`'s device.
+   * @throws out_of_memory
+   */
+  basic_stream_buffer(size_type count, stream_ref s) : stream_(s) {
+    static_assert(!is_host_accessible,
+                  "streamalloc::stream_buffer: the current pool holds device memory; a host-accessible buffer "
+                  "needs a host pool's resource: host_stream_buffer<T>(count, stream, host_device_resource(pool))");
+    pool_ = &current_pool(s.device()).get();
+    allocate_initial(count);
+  }
+
+  /**
+   * @brief `count` elements (uninitialized) on `s`, from `r`'s pool. `r` must claim every
+   * access the buffer has (checked at compile time).
+   * @throws out_of_memory
+   */
+  template <class... Q>
+  basic_stream_buffer(size_type count, stream_ref s, pool_resource<Q...> r) : pool_(&r.pool().get()), stream_(s) {
+    static_assert(!is_host_accessible || has_property_v<host_accessible, Q...>,
+                  "streamalloc::stream_buffer: this buffer's elements are accessed from host code, but the resource "
+                  "does not claim host_accessible (a device pool's memory cannot be read by the host)");
+    static_assert(!is_device_accessible || has_property_v<device_accessible, Q...>,
+                  "streamalloc::stream_buffer: this buffer is used by kernels, but the resource does not claim "
+                  "device_accessible");
+    allocate_initial(count);
+  }
+
+  /// Rejected: anything but a streamalloc pool resource (the buffer grows through its pool).
+  template <class R>
+    requires(!is_pool_resource_v<std::remove_cvref_t<R>>)
+  basic_stream_buffer(size_type, stream_ref, R&&) {
+    static_assert(detail::dependent_false_v<R>,
+                  "streamalloc::stream_buffer: allocate from a streamalloc pool_resource (device_resource, "
+                  "host_device_resource): the buffer grows in place through its pool");
+  }
+
+  basic_stream_buffer(basic_stream_buffer&& o) noexcept
+      : pool_(std::exchange(o.pool_, nullptr)),
+        stream_(o.stream_),
+        data_(std::exchange(o.data_, nullptr)),
+        size_(std::exchange(o.size_, 0)),
+        capacity_(std::exchange(o.capacity_, 0)),
+        last_use_(o.last_use_),
+        readers_(std::move(o.readers_)) {}
+  basic_stream_buffer& operator=(basic_stream_buffer&& o) noexcept {
+    if (this != &o) {
+      release();
+      pool_ = std::exchange(o.pool_, nullptr);
+      stream_ = o.stream_;
+      data_ = std::exchange(o.data_, nullptr);
+      size_ = std::exchange(o.size_, 0);
+      capacity_ = std::exchange(o.capacity_, 0);
+      last_use_ = o.last_use_;
+      readers_ = std::move(o.readers_);
+    }
+    return *this;
+  }
+  basic_stream_buffer(const basic_stream_buffer&) = delete;
+  basic_stream_buffer& operator=(const basic_stream_buffer&) = delete;
+
+  /// Frees the memory in the order of `stream()` (after the streams that read it, too).
+  ~basic_stream_buffer() { release(); }
+
+  [[nodiscard]] size_type size() const noexcept { return size_; }
+  [[nodiscard]] size_type capacity() const noexcept { return capacity_; }
+  [[nodiscard]] size_type size_bytes() const noexcept { return size_ * sizeof(T); }
+  [[nodiscard]] bool empty() const noexcept { return size_ == 0; }
+  /// The elements, for work enqueued on `stream()`.
+  [[nodiscard]] T* data() noexcept { return data_; }
+  [[nodiscard]] const T* data() const noexcept { return data_; }
+  /// The stream the buffer is ordered on.
+  [[nodiscard]] stream_ref stream() const noexcept { return stream_; }
+  [[nodiscard]] pool_ref pool() const noexcept { return *pool_; }
+
+  // --- host access (host-accessible buffers only) ---------------------------------------------
+
+  /**
+   * @brief The elements for host code. Only for a host-accessible buffer, and only once the
+   * host is ordered after the buffer's stream (synchronize it): with ordering checks on, an
+   * access before that throws `ordering_error`.
+   */
+  [[nodiscard]] std::span<T> host_span() {
+    static_assert(is_host_accessible,
+                  "streamalloc::stream_buffer: host code cannot access device memory; copy_to(host range) on the "
+                  "buffer's stream, or allocate a host_stream_buffer from a host pool");
+    check_host_access();
+    return {data_, size_};
+  }
+  [[nodiscard]] T& operator[](size_type i) {
+    static_assert(is_host_accessible,
+                  "streamalloc::stream_buffer: host code cannot access device memory; copy_to(host range) on the "
+                  "buffer's stream, or allocate a host_stream_buffer from a host pool");
+    check_host_access();
+    return data_[i];
+  }
+  /// Host iteration, for host-accessible buffers (a device buffer is not a host range).
+  [[nodiscard]] T* begin()
+    requires is_host_accessible
+  {
+    return host_span().data();
+  }
+  [[nodiscard]] T* end()
+    requires is_host_accessible
+  {
+    return begin() + size_;
+  }
+
+  // --- copies, enqueued on stream() ---------------------------------------------------------
+
+  /**
+   * @brief Copies the host range `src` to the first elements, on `stream()`. `src` must stay
+   * alive until the stream has executed the copy.
+   * @throws std::invalid_argument when `src` is longer than the buffer; cuda_error
+   */
+  template <class R>
+    requires(!detail::is_stream_buffer_v<std::remove_cvref_t<R>> && std::ranges::contiguous_range<R>)
+  void copy_from(const R& src) {
+    static_assert(std::is_same_v<std::remove_cv_t<std::ranges::range_value_t<R>>, T>,
+                  "streamalloc::stream_buffer::copy_from: the host range's element type differs from the buffer's");
+    const size_type n = std::ranges::size(src);
+    if (n > size_) throw std::invalid_argument("streamalloc::stream_buffer::copy_from: the source is longer than the buffer");
+    copy_bytes(data_, std::ranges::data(src), n * sizeof(T));
+  }
+
+  /// Copies the first elements to the host range `dst`, on `stream()`; `dst` is complete once
+  /// the stream is (synchronize before reading it). @throws std::invalid_argument, cuda_error
+  template <class R>
+    requires(!detail::is_stream_buffer_v<std::remove_cvref_t<R>> && std::ranges::contiguous_range<R>)
+  void copy_to(R&& dst) const {
+    using V = std::ranges::range_value_t<R>;
+    static_assert(std::is_same_v<V, T> && !std::is_const_v<std::remove_reference_t<std::ranges::range_reference_t<R>>>,
+                  "streamalloc::stream_buffer::copy_to: the destination must be a writable host range of the "
+                  "buffer's element type");
+    const size_type n = std::ranges::size(dst);
+    if (n > size_) throw std::invalid_argument("streamalloc::stream_buffer::copy_to: the destination is longer than the buffer");
+    copy_bytes(std::ranges::data(dst), data_, n * sizeof(T));
+  }
+
+  /// The contents as a host vector: copies on `stream()` and synchronizes it.
+  [[nodiscard]] std::vector<T> to_host() const {
+    std::vector<T> out(size_);
+    copy_to(out);
+    stream_.synchronize();
+    return out;
+  }
+
+  /// Sets every byte to zero, on `stream()`.
+  void fill_zero() {
+    detail::check_runtime(cudaMemsetAsync(data_, 0, size_bytes(), stream_.get()), "cudaMemsetAsync");
+    touch();
+  }
+
+  /**
+   * @brief Copies `other`'s elements to the first of this buffer's, on `stream()`. Both must
+   * be on the same stream (checked at run time with ordering checks on); otherwise use the
+   * overload with a proof.
+   */
+  template <class... Q>
+  void copy_from(const basic_stream_buffer<T, Q...>& other) {
+    if constexpr (STREAMALLOC_CHECK_ORDERING != 0) {
+      if (!(other.stream() == stream_)) {
+        throw ordering_error(
+            "streamalloc: stream_buffer::copy_from: the source buffer is on another stream; pass proof that this "
+            "buffer's stream is ordered after it: copy_from(other, order_after(this_stream, other_stream))");
+      }
+    }
+    copy_buffer(other);
+  }
+
+  /**
+   * @brief Copies `other`'s elements here, on `stream()`, where `proof` shows that `stream()`
+   * runs after `other`'s last use on its stream. `other` will be freed after this copy.
+   * @throws ordering_error (checks on) when the proof does not cover it
+   */
+  template <class... Q, class P>
+  void copy_from(const basic_stream_buffer<T, Q...>& other, const P& proof) {
+    static_assert(ordering_proof<P>,
+                  "streamalloc::stream_buffer::copy_from: the second argument must prove the ordering (a "
+                  "stream_order from stream.wait(event) or order_after, or a host_order from a synchronization)");
+    detail::check_proof(proof, other.stream().record(), other.last_use_, &stream_.record(), "stream_buffer::copy_from");
+    copy_buffer(other);
+    other.note_reader(stream_);
+  }
+
+  template <class U, class... Q>
+    requires(!std::is_same_v<U, T>)
+  void copy_from(const basic_stream_buffer<U, Q...>&, ...) {
+    static_assert(detail::dependent_false_v<U>,
+                  "streamalloc::stream_buffer::copy_from: the buffers' element types differ");
+  }
+
+  // --- streams ---------------------------------------------------------------------------------
+
+  /// Rejected: moving to another stream needs proof of ordering.
+  template <class U = T>
+  void set_stream(stream_ref) {
+    static_assert(detail::dependent_false_v<U>,
+                  "streamalloc::stream_buffer::set_stream: a buffer moves to another stream only with proof that "
+                  "the new stream runs after its current one: set_stream(b, order_after(b, a)), "
+                  "set_stream(b, b.wait(event)) or set_stream(b, a.synchronize())");
+  }
+
+  /**
+   * @brief Moves the buffer to stream `s`: later work, copies, growth and the free happen in
+   * `s`'s order. `proof` shows `s` runs after the buffer's last use on its current stream.
+   * @throws ordering_error (checks on) when the proof is for other streams or too old
+   */
+  template <class P>
+  void set_stream(stream_ref s, const P& proof) {
+    static_assert(ordering_proof<P>,
+                  "streamalloc::stream_buffer::set_stream: the second argument must prove the ordering; a stream or "
+                  "an event proves nothing (use the stream_order returned by s.wait(event) or order_after(s, "
+                  "current), or the host_order of a synchronization)");
+    if (s == stream_) return;
+    detail::check_proof(proof, stream_.record(), last_use_, &s.record(), "stream_buffer::set_stream");
+    stream_ = s;
+    touch();
+  }
+
+  /// Rejected: freeing on another stream needs proof of ordering.
+  template <class U = T>
+  void free_on(stream_ref) && {
+    static_assert(detail::dependent_false_v<U>,
+                  "streamalloc::stream_buffer::free_on: freeing on another stream needs proof that every stream "
+                  "that used the buffer runs before the free: std::move(buf).free_on(b, order_after(b, a))");
+  }
+
+  /**
+   * @brief Frees the memory now in the order of `s`, where `proof` shows `s` runs after the
+   * buffer's last use on its stream. The buffer is empty afterwards.
+   * @throws ordering_error (checks on) when the proof does not cover it
+   */
+  template <class P>
+  void free_on(stream_ref s, const P& proof) && {
+    static_assert(ordering_proof<P>,
+                  "streamalloc::stream_buffer::free_on: the second argument must prove the ordering (a "
+                  "stream_order or a host_order)");
+    if (!(s == stream_)) {
+      detail::check_proof(proof, stream_.record(), last_use_, &s.record(), "stream_buffer::free_on");
+      stream_ = s;
+    }
+    release();
+  }
+
+  // --- size --------------------------------------------------------------------------------------
+
+  /**
+   * @brief Makes room for `count` elements. In place when the pool can map or take memory
+   * right behind the buffer (same address, nothing copied); otherwise allocates, copies the
+   * elements on `stream()` and frees the old memory there.
+   * @return what happened
+   * @throws out_of_memory (the buffer is unchanged), std::length_error
+   */
+  growth reserve(size_type count) {
+    if (count <= capacity_) return growth::unchanged;
+    const size_type bytes = bytes_for(count);
+    if (data_ != nullptr) {
+      if (const std::size_t got = pool_->grow_in_place(data_, bytes, stream_)) {
+        capacity_ = got / sizeof(T);
+        touch();
+        return growth::in_place;
+      }
+    }
+    T* fresh = static_cast<T*>(pool_->allocate(bytes, stream_));
+    if (data_ != nullptr) {
+      try {
+        copy_bytes(fresh, data_, size_ * sizeof(T));
+      } catch (...) {
+        pool_->deallocate(fresh, stream_);
+        throw;
+      }
+      free_now();
+    }
+    data_ = fresh;
+    capacity_ = count;
+    touch();
+    return growth::moved;
+  }
+
+  /// Sets the size to `count`; new elements are uninitialized. Grows as `reserve`.
+  growth resize(size_type count) {
+    const growth g = reserve(count);
+    size_ = count;
+    return g;
+  }
+
+  /// Grows in place only: true if the capacity now holds `count`, false (unchanged) if the
+  /// memory behind the buffer is taken.
+  bool try_reserve_in_place(size_type count) {
+    if (count <= capacity_) return true;
+    if (data_ == nullptr) return false;
+    const std::size_t got = pool_->grow_in_place(data_, bytes_for(count), stream_);
+    if (got == 0) return false;
+    capacity_ = got / sizeof(T);
+    touch();
+    return true;
+  }
+
+  void swap(basic_stream_buffer& o) noexcept {
+    std::swap(pool_, o.pool_);
+    std::swap(stream_, o.stream_);
+    std::swap(data_, o.data_);
+    std::swap(size_, o.size_);
+    std::swap(capacity_, o.capacity_);
+    std::swap(last_use_, o.last_use_);
+    std::swap(readers_, o.readers_);
+  }
+
+ private:
+  template <class U, class... Q>
+  friend class basic_stream_buffer;
+
+  struct reader {
+    stream_ref stream;
+    std::uint64_t stamp;
+  };
+
+  static size_type bytes_for(size_type count) {
+    if (count > (std::size_t{1} << 62) / sizeof(T)) {
+      throw std::length_error("streamalloc::stream_buffer: " + std::to_string(count) + " elements of " +
+                              std::to_string(sizeof(T)) + " bytes is more than any pool can hold");
+    }
+    return count * sizeof(T);
+  }
+
+  void allocate_initial(size_type count) {
+    data_ = static_cast<T*>(pool_->allocate(bytes_for(count), stream_));
+    size_ = capacity_ = count;
+    touch();
+  }
+
+  // The buffer's last use on its stream, for checking proofs made afterwards.
+  void touch() const { last_use_ = stream_.record().stamp(); }
+
+  void check_host_access() const {
+    if constexpr (STREAMALLOC_CHECK_ORDERING != 0) {
+      if (stream_.record().completed() < last_use_) [[unlikely]] {
+        throw ordering_error(
+            "streamalloc: stream_buffer: host access before the host is ordered after the buffer's stream (its "
+            "allocation, a copy or a resize may still be running): synchronize the stream first");
+      }
+    }
+  }
+
+  void copy_bytes(void* dst, const void* src, std::size_t bytes) const {
+    if (bytes == 0) return;
+    detail::check_runtime(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_.get()), "cudaMemcpyAsync");
+    touch();
+  }
+
+  template <class... Q>
+  void copy_buffer(const basic_stream_buffer<T, Q...>& other) {
+    const size_type n = other.size_;
+    if (n > size_) throw std::invalid_argument("streamalloc::stream_buffer::copy_from: the source is longer than the buffer");
+    copy_bytes(data_, other.data_, n * sizeof(T));
+  }
+
+  void note_reader(stream_ref s) const { readers_.push_back({s, s.record().stamp()}); }
+
+  // Streams that read the buffer through copy_from(other, proof) must be ordered before its
+  // free: where streamalloc cannot see that they are, it makes the free wait for them.
+  void order_readers() {
+    for (const reader& r : readers_) {
+      if (r.stream == stream_) continue;
+      detail::stream_record& rr = r.stream.record();
+      if (stream_.record().ordered_after(rr.id()) >= r.stamp || rr.completed() >= r.stamp) continue;
+      (void)order_after(stream_, r.stream);
+    }
+    readers_.clear();
+  }
+
+  void free_now() {
+    order_readers();
+    pool_->deallocate(data_, stream_);
+    data_ = nullptr;
+  }
+
+  void release() noexcept {
+    if (data_ == nullptr) return;
+    try {
+      free_now();
+    } catch (...) {
+      // Ordering a reader failed (a dead context): the free is not made, so nothing a reader
+      // may still use is reused; the pool reports the allocation when it is destroyed.
+      data_ = nullptr;
+    }
+    size_ = capacity_ = 0;
+  }
+
+  streamalloc::pool* pool_ = nullptr;
+  stream_ref stream_ = stream_ref::legacy_default();
+  T* data_ = nullptr;
+  size_type size_ = 0;
+  size_type capacity_ = 0;
+  mutable std::uint64_t last_use_ = 0;
+  mutable std::vector<reader> readers_;
+};
+
+/// Device memory, for kernels.
+template <class T>
+using stream_buffer = basic_stream_buffer<T, device_accessible>;
+/// Host memory from a host pool, for host code and kernels.
+template <class T>
+using host_stream_buffer = basic_stream_buffer<T, host_accessible, device_accessible>;
+
+}  // namespace streamalloc
