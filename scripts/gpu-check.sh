@@ -74,7 +74,7 @@ if [ $quick -eq 0 ]; then
   sanitize() {
     local rc=0
     export STREAMALLOC_STRESS_ITERATIONS=120
-    for bin in "$build"/tests/gpu_* "$build"/examples/streamalloc_*; do
+    for bin in "$build"/tests/gpu_* "$build"/examples/streamalloc_* "$build"/examples/example_*; do
       [ -x "$bin" ] || continue
       echo "--- memcheck $(basename "$bin")"
       # The tests provoke driver errors on purpose (bad descriptors, ranges past a
@@ -91,6 +91,7 @@ if [ $quick -eq 0 ]; then
   step sanitizers sanitize
   benches() {
     "$build/bench/bench_pool" --json "$out/pool.json" && \
+    "$build/bench/bench_stream_buffer" --json "$out/stream_buffer.json" && \
     "$build/bench/bench_bandwidth" --json "$out/bandwidth.json" && \
     "$build/bench/bench_vmm_costs"
   }
@@ -103,5 +104,6 @@ printf '%s\n' "${summary[@]}"
 grep -E "tests passed" "$out/ctest.log" | head -n 1 || true
 if [ -f "$out/bench.log" ]; then
   echo; sed -n '/^1\. allocate/,/^wrote .*pool.json/p' "$out/bench.log"
+  echo; sed -n '/^growing a buffer/,/^wrote .*stream_buffer.json/p' "$out/bench.log"
 fi
 exit $failed

@@ -89,4 +89,22 @@ inline void fill_async(void* p, std::size_t bytes, std::uint32_t seed, cudaStrea
   fill_kernel<<<blocks, 256, 0, s>>>(static_cast<std::uint32_t*>(p), bytes / 4, seed);
 }
 
+/// Counts the words of [p, p + bytes) not holding `seed`'s pattern, checked in the order of
+/// stream `s` only (no device-wide synchronization, which would hide ordering bugs): the
+/// counter is allocated, checked and read back on `s`. Returns ~0ULL if a CUDA call failed.
+inline unsigned long long mismatches_on(const void* p, std::size_t bytes, std::uint32_t seed, cudaStream_t s) {
+  unsigned long long* d = nullptr;
+  unsigned long long h = ~0ULL;
+  if (cudaMallocAsync(reinterpret_cast<void**>(&d), sizeof *d, s) != cudaSuccess) return ~0ULL;
+  if (cudaMemsetAsync(d, 0, sizeof *d, s) == cudaSuccess) {
+    check_async(p, bytes, seed, d, s);
+    if (cudaGetLastError() != cudaSuccess || cudaMemcpyAsync(&h, d, sizeof h, cudaMemcpyDeviceToHost, s) != cudaSuccess ||
+        cudaStreamSynchronize(s) != cudaSuccess) {
+      h = ~0ULL;
+    }
+  }
+  (void)cudaFreeAsync(d, s);
+  return h;
+}
+
 }  // namespace streamalloc_test
