@@ -1,11 +1,15 @@
-// Thrust on streamalloc: a device_vector whose allocator takes memory from a streamalloc pool
-// in stream order, and thrust::sort whose temporary storage comes from the same pool, on a
-// streamalloc stream. No cudaMalloc anywhere.
+// Thrust on streamalloc, through CCCL: a Thrust allocator written against CCCL's type-erased
+// `cuda::mr::async_resource_ref<device_accessible>` (so any CCCL resource fits), given a
+// streamalloc pool_resource. A device_vector takes its memory from the pool in stream order,
+// and thrust::sort's temporary storage comes from the same pool, on a streamalloc stream.
+// No cudaMalloc anywhere.
 
 #include <streamalloc/streamalloc.hpp>
 
 #include "common.cuh"
 
+#include <cuda/memory_resource>
+#include <cuda/stream_ref>
 #include <thrust/device_malloc_allocator.h>
 #include <thrust/device_ptr.h>
 #include <thrust/device_vector.h>
@@ -18,8 +22,8 @@
 
 namespace thrust_example {
 
-/// A Thrust allocator over a streamalloc device resource, allocating and freeing in the order
-/// of one stream (thrust's algorithms then run on that stream too).
+/// A Thrust allocator over any CCCL stream-ordered device resource, allocating and freeing in
+/// the order of one stream (thrust's algorithms then run on that stream too).
 template <class T>
 class pool_allocator : public thrust::device_malloc_allocator<T> {
  public:
@@ -31,21 +35,22 @@ class pool_allocator : public thrust::device_malloc_allocator<T> {
     using other = pool_allocator<U>;
   };
 
-  pool_allocator(streamalloc::device_resource mr, streamalloc::stream_ref s) : mr_(mr), s_(s) {}
+  using resource_ref = cuda::mr::async_resource_ref<cuda::mr::device_accessible>;
+  pool_allocator(resource_ref mr, cuda::stream_ref s) : mr_(mr), s_(s) {}
   template <class U>
   pool_allocator(const pool_allocator<U>& o) : mr_(o.resource()), s_(o.stream()) {}
 
-  pointer allocate(size_type n) { return pointer(static_cast<T*>(mr_.allocate_async(n * sizeof(T), s_))); }
-  void deallocate(pointer p, size_type n) { mr_.deallocate_async(p.get(), n * sizeof(T), s_); }
+  pointer allocate(size_type n) { return pointer(static_cast<T*>(mr_.allocate_async(n * sizeof(T), 256, s_))); }
+  void deallocate(pointer p, size_type n) { mr_.deallocate_async(p.get(), n * sizeof(T), 256, s_); }
 
-  streamalloc::device_resource resource() const { return mr_; }
-  streamalloc::stream_ref stream() const { return s_; }
+  resource_ref resource() const { return mr_; }
+  cuda::stream_ref stream() const { return s_; }
   friend bool operator==(const pool_allocator& a, const pool_allocator& b) { return a.mr_ == b.mr_ && a.s_ == b.s_; }
   friend bool operator!=(const pool_allocator& a, const pool_allocator& b) { return !(a == b); }
 
  private:
-  streamalloc::device_resource mr_;
-  streamalloc::stream_ref s_;
+  resource_ref mr_;
+  cuda::stream_ref s_;
 };
 
 }  // namespace thrust_example
@@ -55,9 +60,11 @@ int main() {
   if (!example::have_gpu()) return example::no_gpu;
   streamalloc::pool pool;
   streamalloc::stream s(0);
-  const streamalloc::device_resource mr(pool);
-  pool_allocator<int> alloc(mr, s);
-  const auto policy = thrust::cuda::par_nosync(pool_allocator<char>(mr, s)).on(s.get());
+  streamalloc::device_resource mr(pool);
+  static_assert(cuda::mr::async_resource_with<streamalloc::device_resource, cuda::mr::device_accessible>);
+  const cuda::stream_ref cs(s.get());
+  pool_allocator<int> alloc(mr, cs);
+  const auto policy = thrust::cuda::par_nosync(pool_allocator<char>(mr, cs)).on(s.get());
 
   constexpr int n = 1 << 24;
   {

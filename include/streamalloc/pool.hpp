@@ -75,8 +75,9 @@ struct pool_properties {
   bool compact = false;
   /// Handle types the pool's memory can be exported as (kept for IPC).
   shareable_handle_type handle_types = shareable_handle_type::none;
-  /// Virtual addresses to reserve up front; 0: twice the maximum size, or twice the memory of
-  /// the location. Defragmentation needs addresses beyond the physical memory.
+  /// Virtual addresses to reserve up front; 0: four times the maximum size, or four times the
+  /// memory of the location. Defragmentation and growth in place need addresses beyond the
+  /// physical memory.
   std::size_t address_space = 0;
 };
 
@@ -230,7 +231,9 @@ class pool {
                        ? device_memory(device).total
                        : static_cast<std::size_t>(::sysconf(_SC_PHYS_PAGES)) * static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
       }
-      space = 2 * physical;
+      // Room for runs to grow in place (large allocations start in the middle of free
+      // addresses) and for defragmentation to remap into: addresses cost nothing until mapped.
+      space = 4 * physical;
     }
     std::vector<access_descriptor> access{{props.location, access_flags::read_write}};
     if (props.location.is_host()) access.push_back({memory_location::device(device), access_flags::read_write});

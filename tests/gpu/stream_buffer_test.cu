@@ -12,6 +12,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <memory_resource>
 #include <numeric>
 #include <stdexcept>
 #include <string>
@@ -167,6 +168,25 @@ TEST_CASE("reserve grows in place: same address, contents kept, nothing copied")
   CHECK(buf.reserve(10) == growth::unchanged);
 }
 
+TEST_CASE("several large buffers of one pool grow in turn, each in place") {
+  pool p;
+  stream s(0);
+  std::vector<stream_buffer<std::uint32_t>> bufs;
+  std::vector<const std::uint32_t*> at;
+  for (int i = 0; i < 4; ++i) {
+    bufs.emplace_back(64 * MiB / 4, s, device_resource(p));
+    at.push_back(bufs.back().data());
+    fill_async(bufs.back().data(), bufs.back().size_bytes(), 40 + i, s.get());
+  }
+  for (std::size_t size = 128 * MiB; size <= 1024 * MiB; size *= 2) {
+    for (auto& b : bufs) CHECK(b.resize(size / 4) == growth::in_place);
+  }
+  for (int i = 0; i < 4; ++i) {
+    CHECK(bufs[i].data() == at[i]);
+    CHECK(mismatches_on(bufs[i].data(), 64 * MiB, 40 + i, s.get()) == 0);
+  }
+}
+
 TEST_CASE("reserve falls back to allocate-and-copy when the memory behind the buffer is taken") {
   pool p;
   stream s(0);
@@ -226,4 +246,61 @@ TEST_CASE("bad input: empty buffers, absurd sizes, copies that do not fit") {
   CHECK_THROWS_AS(b.reserve(128 * MiB), out_of_memory);
   CHECK(b.data() == at);
   CHECK(b.capacity() == 1 * MiB);
+}
+
+// Each compile-fail case (tests/compile_fail/) holds a misuse and its correct form; the correct
+// forms compile there, and run here.
+namespace {
+struct point {
+  float x, y;
+};
+}  // namespace
+
+TEST_CASE("the correct forms of the compile-fail cases run") {
+  pool device_pool;
+  pool host_pool(pool_properties{.location = memory_location::host_numa(0)});
+  stream a(0), b(0);
+  pool_ref ref(device_pool);  // pool_copy
+  CHECK(ref == pool_ref(device_pool));
+  cudaEvent_t raw{};
+  SA_CUDA_REQUIRE(cudaEventCreateWithFlags(&raw, cudaEventDisableTiming));
+  const event_ref er(raw);  // event_ref_from_int
+  CHECK(er.get() == raw);
+  cudaEventDestroy(raw);
+
+  stream_buffer<point> points(10, a);  // stream_buffer_non_trivial, stream_buffer_without_stream
+  CHECK(points.size() == 10);
+  stream_buffer<int> buf(256, a, device_resource(device_pool));  // stream_buffer_foreign_resource
+  std::vector<int> h(256);
+  std::iota(h.begin(), h.end(), 0);
+  buf.copy_from(h);
+  stream_buffer<int> copy(buf.size(), buf.stream());  // stream_buffer_copy
+  copy.copy_from(buf);
+  buf.set_stream(b, order_after(b, buf.stream()));  // set_stream_without_proof
+  copy.set_stream(b, a.synchronize());              // set_stream_proof_is_a_stream
+  event e;                                          // copy_from_with_event
+  stream_buffer<int> dst(256, a, device_resource(device_pool));
+  e.record(copy.stream());
+  dst.copy_from(copy, dst.stream().wait(e));
+  std::vector<int> back(256);  // host_access_to_device_buffer, copy_to_wrong_element_type
+  dst.copy_to(back);
+  (void)dst.stream().synchronize();
+  CHECK(back == h);
+  std::move(buf).free_on(a, order_after(a, buf.stream()));  // free_on_without_proof
+
+  host_stream_buffer<int> hb(16, a, host_device_resource(host_pool));  // host_buffer_from_*
+  stream_buffer<int> db(16, a, host_device_resource(host_pool));        // device_buffer_from_host_only_resource
+  (void)a.synchronize();
+  hb[3] = 42;
+  db.copy_from(hb);
+  std::vector<int> h16(16);
+  db.copy_to(h16);
+  (void)a.synchronize();
+  CHECK(h16[3] == 42);
+  pmr_resource mr{host_resource{host_pool}};  // pmr_over_device_resource
+  std::pmr::vector<int> v({1, 2, 3}, &mr);
+  CHECK(v[2] == 3);
+  const pool_resource<device_accessible> r(device_pool);  // resource_without_access
+  void* q = r.pool().allocate(1, a);
+  r.pool().deallocate(q, a);
 }

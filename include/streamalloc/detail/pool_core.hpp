@@ -693,6 +693,20 @@ class pool_core final : public completion_listener {
     }
     return std::nullopt;
   }
+  /// Unmapped addresses for a run that may want to grow in place (grow_in_place maps memory
+  /// right after a run): the middle of the largest unmapped range, so that each such run has
+  /// about half of a free range after it, rather than the next run. Null when no range holds
+  /// twice `bytes`.
+  std::optional<std::uint64_t> take_va_spaced(std::uint64_t bytes) {
+    auto best = va_free_.end();
+    for (auto it = va_free_.begin(); it != va_free_.end(); ++it) {
+      if (best == va_free_.end() || it->second > best->second) best = it;
+    }
+    if (best == va_free_.end() || best->second < 2 * bytes) return std::nullopt;
+    const std::uint64_t at = best->first + (best->second - bytes) / 2 / granularity_ * granularity_;
+    carve_va(best, at, bytes);
+    return at;
+  }
   void carve_va(std::map<std::uint64_t, std::uint64_t>::iterator it, std::uint64_t at, std::uint64_t bytes) {
     const std::uint64_t start = it->first, size = it->second;
     va_free_.erase(it);
@@ -820,6 +834,8 @@ class pool_core final : public completion_listener {
       for (auto& h : handles) backend_.release(h);
       return nullptr;
     }
+    // A large request starts a run of its own: leave it room to grow in place.
+    if (!va && own) va = take_va_spaced(total);
     if (!va) va = take_va(total);
     if (!va) {
       for (auto& h : handles) backend_.release(h);

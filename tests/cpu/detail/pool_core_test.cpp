@@ -175,7 +175,7 @@ TEST_CASE("defragmentation: a request that fits only after remapping, without gr
   CHECK(f.dev->is_mapped(q, 4 * MiB));
   const auto st = f.pool->statistics();
   CHECK(st.reserved_current == 8 * MiB);
-  CHECK(st.remapped_chunks == 2);
+  CHECK(st.remapped_chunks >= 1);  // one when the holes have room after them, two otherwise
   CHECK(st.reserved_high == 8 * MiB);
   // The live blocks kept their memory.
   CHECK(f.dev->is_mapped(p[1], 2 * MiB));
@@ -322,6 +322,17 @@ TEST_CASE("grow_in_place: takes the free memory after a block, then maps more be
   f.pool->deallocate(p, s.key());
   CHECK(f.pool->statistics().used_current == used - 1 * MiB);
   CHECK(f.pool->allocate(1000 * MiB, s.key()) == p);
+}
+
+TEST_CASE("grow_in_place: large allocations start with room after them, so several grow in turn") {
+  fixture f;
+  auto s = make_stream();
+  std::vector<std::uint64_t> p;
+  for (int i = 0; i < 8; ++i) p.push_back(f.pool->allocate(64 * MiB, s.key()));
+  for (std::uint64_t size = 128 * MiB; size <= 1024 * MiB; size *= 2) {
+    for (auto q : p) CHECK(f.pool->grow_in_place(q, size, s.key()) == size);
+  }
+  for (auto q : p) CHECK(f.dev->is_mapped(q, 1024 * MiB));
 }
 
 TEST_CASE("grow_in_place: a live block in the way, or another stream's unproven free, says no") {
