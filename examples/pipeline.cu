@@ -43,9 +43,9 @@ int main() {
     scale<<<128, 256, 0, compute.get()>>>(buf.data(), n, 2.0f);
     buf.set_stream(download, streamalloc::order_after(download, compute));
     buf.copy_to(out[b]);
-    // Freed on the download stream when it leaves the deque; the upload stream reuses that
-    // memory once it is ordered after the free (the next order_after from download to upload
-    // is not needed: the pool learns it from the host synchronization below, or grows).
+    // Freed on the download stream when it leaves the deque. The upload stream reuses that
+    // memory once the pool knows the free has executed (it asks the device when it would
+    // otherwise grow: opportunistic reuse), never before; until then it takes other memory.
     in_flight.push_back(std::move(buf));
     if (in_flight.size() > 4) in_flight.pop_front();
   }
