@@ -411,6 +411,7 @@ class basic_stream_buffer {
 
   struct reader {
     stream_ref stream;
+    detail::stream_record* record;  // kept: the stream may be gone when the buffer is freed
     std::uint64_t stamp;
   };
 
@@ -454,16 +455,25 @@ class basic_stream_buffer {
     copy_bytes(data_, other.data_, n * sizeof(T));
   }
 
-  void note_reader(stream_ref s) const { readers_.push_back({s, s.record().stamp()}); }
+  void note_reader(stream_ref s) const {
+    detail::stream_record& r = s.record();
+    readers_.push_back({s, &r, r.stamp()});
+  }
 
   // Streams that read the buffer through copy_from(other, proof) must be ordered before its
   // free: where streamalloc cannot see that they are, it makes the free wait for them.
   void order_readers() {
     for (const reader& r : readers_) {
       if (r.stream == stream_) continue;
-      detail::stream_record& rr = r.stream.record();
-      if (stream_.record().ordered_after(rr.id()) >= r.stamp || rr.completed() >= r.stamp) continue;
-      (void)order_after(stream_, r.stream);
+      if (stream_.record().ordered_after(r.record->id()) >= r.stamp || r.record->completed() >= r.stamp) continue;
+      if (r.record->retired()) {
+        // The reader's stream is gone (destroyed with work perhaps still queued) and its
+        // handle may already name another stream: wait for its device instead, so the memory
+        // is neither freed under a reader nor leaked.
+        (void)synchronize_device(r.record->device());
+      } else {
+        (void)order_after(stream_, r.stream);
+      }
     }
     readers_.clear();
   }

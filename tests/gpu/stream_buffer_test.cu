@@ -132,6 +132,30 @@ TEST_CASE("a free waits for the streams that read the buffer, even when the memo
   CHECK(mismatches_on(dst.data(), dst.size_bytes(), 1, b.get()) == 0);
 }
 
+TEST_CASE("a reader's stream destroyed before the free: the free waits for its work, and happens") {
+  pool p;
+  stream a(0), c(0);
+  const device_resource mr(p);
+  auto src = std::make_unique<stream_buffer<std::uint32_t>>(2 * MiB / 4, a, mr);
+  fill_async(src->data(), src->size_bytes(), 12, a.get());
+  std::unique_ptr<stream_buffer<std::uint32_t>> dst;
+  {
+    stream b(0);
+    dst = std::make_unique<stream_buffer<std::uint32_t>>(2 * MiB / 4, b, mr);
+    slow_fill_kernel<<<1, 32, 0, b.get()>>>(dst->data(), 1, 0, busy_cycles);
+    dst->copy_from(*src, order_after(b, a));  // b reads src, behind a slow kernel
+    dst->set_stream(c, order_after(c, b));
+  }  // b destroyed with its copy still queued: src's reader is gone, a knows nothing of it
+  src.reset();  // must not record on b's dead handle: waits for the device instead
+  stream_buffer<std::uint32_t> reuse(2 * MiB / 4, a, mr);
+  fill_async(reuse.data(), reuse.size_bytes(), 13, a.get());
+  CHECK(mismatches_on(dst->data(), dst->size_bytes(), 12, c.get()) == 0);
+  dst.reset();
+  (void)a.synchronize();
+  (void)c.synchronize();
+  CHECK(p.statistics().live_allocations == 1);  // only `reuse`
+}
+
 TEST_CASE("free_on another stream with proof; the pool sees the free on that stream") {
   pool p;
   stream a(0), b(0);

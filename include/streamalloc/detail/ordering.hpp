@@ -97,6 +97,10 @@ class alignas(128) stream_record {
     return completed_.load(std::memory_order_acquire);
   }
 
+  /// The stream was destroyed through streamalloc: its handle must not be used any more.
+  void mark_retired() noexcept { retired_.store(true, std::memory_order_release); }
+  [[nodiscard]] bool retired() const noexcept { return retired_.load(std::memory_order_acquire); }
+
   /// What this stream is ordered after, for completing it when the stream completes.
   [[nodiscard]] std::vector<std::pair<std::uint64_t, std::uint64_t>> clock() const {
     std::lock_guard lock(mutex_);
@@ -118,6 +122,7 @@ class alignas(128) stream_record {
   // Epoch 0 is never a stamp, so "ordered after 0" and "completed 0" mean nothing is known.
   std::atomic<std::uint64_t> epoch_{1};
   std::atomic<std::uint64_t> completed_{0};
+  std::atomic<bool> retired_{false};
   mutable std::mutex mutex_;
   std::vector<std::pair<std::uint64_t, std::uint64_t>> clock_;  // sorted by stream id
 };
@@ -196,6 +201,7 @@ class ordering_registry {
 
   /// Stream `id` is being destroyed (by streamalloc's `stream`); listeners let go of it.
   void retire(std::uint64_t id) {
+    record(id).mark_retired();
     std::vector<completion_listener*> copy;
     {
       std::lock_guard lock(listener_mutex_);
