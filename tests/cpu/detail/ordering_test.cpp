@@ -68,3 +68,12 @@ TEST_CASE("a stream's own frees are always reusable by it") {
   stream_record& a = reg.record(fresh_id());
   CHECK(reg.reusable(a.id(), a.stamp(), a, false));
 }
+
+TEST_CASE("retiring a stream marks its record, and only its record") {
+  ordering_registry reg;
+  const std::uint64_t id = 0xABCDEF01, other = 0xABCDEF02;
+  CHECK_FALSE(reg.record(id).retired());
+  reg.retire(id);
+  CHECK(reg.record(id).retired());
+  CHECK_FALSE(reg.record(other).retired());
+}
