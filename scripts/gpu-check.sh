@@ -89,8 +89,6 @@ if [ $quick -eq 0 ]; then
     return $rc
   }
   step sanitizers sanitize
-  # The verdict of each tool run, for the summary.
-  grep -E "^--- |ERROR SUMMARY|LEAK SUMMARY|RACECHECK SUMMARY" "$out/sanitizers.log" >"$out/sanitizers-digest.txt" || true
   benches() {
     "$build/bench/bench_pool" --json "$out/pool.json" && \
     "$build/bench/bench_stream_buffer" --json "$out/stream_buffer.json" && \
@@ -104,7 +102,9 @@ echo
 echo "== gpu-check summary ($(cat "$out/gpu.txt"))"
 printf '%s\n' "${summary[@]}"
 grep -E "tests passed" "$out/ctest.log" | head -n 1 || true
-if [ -f "$out/sanitizers-digest.txt" ]; then echo; cat "$out/sanitizers-digest.txt"; fi
+if [ -f "$out/sanitizers.log" ]; then  # the verdict of each tool run
+  echo; grep -E "^--- |ERROR SUMMARY|LEAK SUMMARY|RACECHECK SUMMARY" "$out/sanitizers.log" || true
+fi
 if [ -f "$out/bench.log" ]; then
   echo; sed -n '/^1\. allocate/,/^wrote .*pool.json/p' "$out/bench.log"
   echo; sed -n '/^growing a buffer/,/^wrote .*stream_buffer.json/p' "$out/bench.log"
