@@ -206,6 +206,7 @@ class pool {
   explicit pool(pool_properties props = {}) : props_(props) {
     require_driver();
     const int device = props.location.is_device() ? props.location.id() : 0;
+    device_ = device;
     if (props.location.is_device() && props.location.id() >= device_count()) {
       throw std::invalid_argument("streamalloc::pool: there is no device " + std::to_string(props.location.id()));
     }
@@ -290,10 +291,15 @@ class pool {
    * this call, and by other streams once they are ordered after it. Never blocks the host or
    * synchronizes the device. Aligned to 256 bytes. `bytes == 0` returns nullptr.
    * @throws out_of_memory when the pool is at its maximum size or the device has no memory
+   * @throws std::invalid_argument when `s` belongs to a device that cannot use the pool's
+   *         memory (another device than a device pool's; for a host pool, another device than
+   *         the one it was made for)
    */
   [[nodiscard]] void* allocate(std::size_t bytes, stream_ref s) {
     if (bytes == 0) return nullptr;
-    return allocate_keyed(bytes, detail::key_of(s));
+    const detail::stream_key key = detail::key_of(s);
+    if (key.record->device() != device_) [[unlikely]] throw_wrong_device(key.record->device());
+    return allocate_keyed(bytes, key);
   }
 
   /**
@@ -407,6 +413,14 @@ class pool {
   }
 
  private:
+  [[noreturn]] STREAMALLOC_COLD void throw_wrong_device(int stream_device) const {
+    throw std::invalid_argument("streamalloc::pool::allocate: the stream belongs to device " +
+                                std::to_string(stream_device) + ", but this pool's memory (" +
+                                props_.location.to_string() + ") is for device " + std::to_string(device_) +
+                                "; allocate from that device's pool (streamalloc::current_pool(" +
+                                std::to_string(stream_device) + "))");
+  }
+
   void* allocate_keyed(std::size_t bytes, detail::stream_key key) {
     if (bytes == 0) return nullptr;
     if (bytes > (std::size_t{1} << 62)) [[unlikely]] {
@@ -421,6 +435,7 @@ class pool {
   }
 
   pool_properties props_;
+  int device_ = 0;  ///< the device whose streams may allocate here
   std::unique_ptr<detail::vmm_pool_core> core_;
 };
 

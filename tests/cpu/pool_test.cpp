@@ -205,3 +205,21 @@ TEST_SUITE("pool") {
     CHECK(fake_live().events == before.events);
   }
 }
+
+TEST_SUITE("pool_two_devices") {
+  TEST_CASE("a stream of another device cannot allocate from a device's pool") {
+    pool p0(pool_properties{.location = memory_location::device(0)});
+    stream s1(1);
+    CHECK(s1.ref().device() == 1);
+    CHECK_THROWS_WITH_AS((void)p0.allocate(1024, s1), doctest::Contains("belongs to device 1"), std::invalid_argument);
+    CHECK(p0.statistics().live_allocations == 0);
+    // The device's own pool takes it; the free may be on any stream.
+    void* q = current_pool(1).allocate(1024, s1);
+    stream s0(0);
+    CHECK_THROWS_AS((void)p0.allocate(1024, s1), std::invalid_argument);
+    current_pool(1).deallocate(q, s1);
+    void* r = p0.allocate(1024, s0);
+    CHECK(r != nullptr);
+    p0.deallocate(r, s0);
+  }
+}
