@@ -402,6 +402,9 @@ class pool {
 
   [[nodiscard]] const pool_properties& properties() const noexcept { return props_; }
   [[nodiscard]] memory_location location() const noexcept { return props_.location; }
+  /// The device whose streams allocate here and whose kernels use the memory (a device pool's
+  /// own; for a host pool, the device it was made for).
+  [[nodiscard]] int device() const noexcept { return device_; }
   /// The allocation granularity of the pool's memory.
   [[nodiscard]] std::size_t granularity() const noexcept { return core_->granularity(); }
 

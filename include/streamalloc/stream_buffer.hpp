@@ -303,6 +303,7 @@ class basic_stream_buffer {
    * @brief Moves the buffer to stream `s`: later work, copies, growth and the free happen in
    * `s`'s order. `proof` shows `s` runs after the buffer's last use on its current stream.
    * @throws ordering_error (checks on) when the proof is for other streams or too old
+   * @throws std::invalid_argument when `s` belongs to a device that cannot use the memory
    */
   template <class P>
   void set_stream(stream_ref s, const P& proof) {
@@ -311,6 +312,11 @@ class basic_stream_buffer {
                   "an event proves nothing (use the stream_order returned by s.wait(event) or order_after(s, "
                   "current), or the host_order of a synchronization)");
     if (s == stream_) return;
+    if (s.device() != pool_->device()) [[unlikely]] {
+      throw std::invalid_argument("streamalloc::stream_buffer::set_stream: the stream belongs to device " +
+                                  std::to_string(s.device()) + ", but the buffer's memory is for device " +
+                                  std::to_string(pool_->device()));
+    }
     detail::check_proof(proof, stream_.record(), last_use_, &s.record(), "stream_buffer::set_stream");
     stream_ = s;
     touch();
