@@ -124,9 +124,18 @@ class basic_stream_buffer {
     allocate_initial(count);
   }
 
-  /// Rejected: anything but a streamalloc pool resource (the buffer grows through its pool).
+  /**
+   * @brief `count` elements (uninitialized) on `s`, from pool `p`, which must provide the
+   * buffer's accessibility (checked when called: a host-accessible buffer needs a host pool).
+   * @throws std::invalid_argument for a pool that cannot, out_of_memory
+   */
+  basic_stream_buffer(size_type count, stream_ref s, pool_ref p)
+      : basic_stream_buffer(count, s, resource_type(p)) {}
+
+  /// Rejected: anything but a streamalloc pool or pool resource (the buffer grows through its
+  /// pool).
   template <class R>
-    requires(!is_pool_resource_v<std::remove_cvref_t<R>>)
+    requires(!is_pool_resource_v<std::remove_cvref_t<R>> && !std::is_convertible_v<R, pool_ref>)
   basic_stream_buffer(size_type, stream_ref, R&&) {
     static_assert(detail::dependent_false_v<R>,
                   "streamalloc::stream_buffer: allocate from a streamalloc pool_resource (device_resource, "

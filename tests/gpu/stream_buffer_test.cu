@@ -263,6 +263,11 @@ TEST_CASE("bad input: empty buffers, absurd sizes, copies that do not fit") {
   std::vector<int> big(5);
   CHECK_THROWS_AS(small.copy_from(big), std::invalid_argument);
   CHECK_THROWS_AS(small.copy_to(big), std::invalid_argument);
+  // A pool named directly must provide the buffer's access, checked when called.
+  pool device_pool;
+  CHECK_THROWS_AS(host_stream_buffer<int>(4, s, device_pool), std::invalid_argument);
+  stream_buffer<int> from_pool(4, s, device_pool);
+  CHECK(device_pool.owns(from_pool.data()));
   // A buffer that failed to grow is unchanged.
   pool limited(pool_properties{.max_size = 64 * MiB});
   stream_buffer<char> b(1 * MiB, s, device_resource(limited));
