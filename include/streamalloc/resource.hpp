@@ -190,6 +190,20 @@ static_assert(::cuda::mr::async_resource_with<host_resource, host_accessible>);
 static_assert(!::cuda::mr::resource_with<host_resource, device_accessible>);
 static_assert(::cuda::mr::async_resource_with<host_device_resource, host_accessible, device_accessible>);
 
+/// A stream-ordered resource (CCCL's sense) whose memory kernels may use: for functions that
+/// hand memory to the device.
+template <class R>
+concept device_memory_resource = ::cuda::mr::async_resource_with<R, device_accessible>;
+
+/// A resource (CCCL's sense) whose memory host code may use.
+template <class R>
+concept host_memory_resource = ::cuda::mr::resource_with<R, host_accessible>;
+
+static_assert(device_memory_resource<device_resource> && device_memory_resource<host_device_resource>);
+static_assert(!device_memory_resource<host_resource>);
+static_assert(host_memory_resource<host_resource> && host_memory_resource<host_device_resource>);
+static_assert(!host_memory_resource<device_resource>);
+
 /// The properties of streamalloc's resources, for constraints.
 template <class R>
 inline constexpr bool is_pool_resource_v = false;

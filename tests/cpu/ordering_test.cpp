@@ -107,3 +107,24 @@ TEST_SUITE("ordering") {
     CHECK_THROWS_AS((void)d.pool().get().allocate_sync(std::size_t{1} << 63), out_of_memory);
   }
 }
+
+// The resource concepts, both ways.
+namespace {
+struct not_a_resource {};
+struct sync_only_device {
+  void* allocate(std::size_t, std::size_t) { return nullptr; }
+  void deallocate(void*, std::size_t, std::size_t) {}
+  friend bool operator==(const sync_only_device&, const sync_only_device&) { return true; }
+  friend bool operator!=(const sync_only_device&, const sync_only_device&) { return false; }
+  friend constexpr void get_property(const sync_only_device&, device_accessible) noexcept {}
+};
+}  // namespace
+static_assert(device_memory_resource<device_resource>);
+static_assert(device_memory_resource<host_device_resource>);
+static_assert(!device_memory_resource<host_resource>);
+static_assert(!device_memory_resource<not_a_resource>);
+static_assert(!device_memory_resource<sync_only_device>);  // not stream-ordered
+static_assert(::cuda::mr::resource_with<sync_only_device, device_accessible>);
+static_assert(host_memory_resource<host_resource>);
+static_assert(!host_memory_resource<device_resource>);
+static_assert(!host_memory_resource<pmr_resource>);  // a std::pmr resource, not a CCCL one
