@@ -203,6 +203,36 @@ int main(int argc, char** argv) {
   }
   bool all_ok = true;
   for (auto& m : med) all_ok = all_ok && m.correct;
+
+  // What the typed layer costs over the pool: a 4 KiB buffer made and destroyed on one stream
+  // (allocation, free, and the bookkeeping of its stream), against the pool's own pair.
+  double buffer_ns = 0, pool_ns = 0, async_ns = 0;
+  {
+    streamalloc::pool pool;
+    const streamalloc::device_resource mr(pool);
+    constexpr int n = 200000;
+    auto ns_per = [&](auto&& f) {
+      for (int i = 0; i < 1000; ++i) f();
+      std::vector<double> v;
+      for (int r = 0; r < 5; ++r) {
+        const auto t = std::chrono::steady_clock::now();
+        for (int i = 0; i < n; ++i) f();
+        v.push_back(std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t).count() / n);
+      }
+      return bench::median(v);
+    };
+    buffer_ns = ns_per([&] { streamalloc::stream_buffer<char> b(4096, s, mr); });
+    pool_ns = ns_per([&] { pool.deallocate(pool.allocate(4096, s), s); });
+    async_ns = ns_per([&] {
+      void* p = nullptr;
+      BENCH_CHECK(cudaMallocAsync(&p, 4096, s.get()));
+      BENCH_CHECK(cudaFreeAsync(p, s.get()));
+    });
+    BENCH_CHECK(cudaStreamSynchronize(s.get()));
+  }
+  std::printf("\na 4 KiB buffer made and destroyed on one stream: stream_buffer %.0f ns, pool allocate+deallocate "
+              "%.0f ns, cudaMallocAsync+cudaFreeAsync %.0f ns\n",
+              buffer_ns, pool_ns, async_ns);
   if (!json.empty()) {
     std::ofstream f(json);
     f << "{\n  \"gpu\": \"" << bench::json_escape(gpu.name) << "\", \"driver\": " << gpu.driver
@@ -215,7 +245,8 @@ int main(int argc, char** argv) {
         << ", \"in_place_steps\": " << m.in_place << ", \"moved_steps\": " << m.moved
         << ", \"contents_ok\": " << (m.correct ? "true" : "false") << "}" << (i + 1 < med.size() ? ",\n" : "\n");
     }
-    f << "  ]\n}\n";
+    f << "  ],\n  \"buffer_pair_ns\": " << buffer_ns << ", \"pool_pair_ns\": " << pool_ns
+      << ", \"malloc_async_pair_ns\": " << async_ns << "\n}\n";
     std::printf("wrote %s\n", json.c_str());
   }
   return all_ok && med[0].moved == 0 ? 0 : 1;

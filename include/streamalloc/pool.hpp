@@ -347,6 +347,16 @@ class pool {
     return static_cast<std::size_t>(core_->grow_in_place(reinterpret_cast<std::uint64_t>(p), bytes, detail::key_of(s)));
   }
 
+  /**
+   * @brief Makes the live allocation at `p` `bytes` long without moving it; the rest is freed
+   * in the order of `s` (work enqueued on `s` before may still use it; reusable by `s` at once).
+   * @return the allocation's new size (a multiple of 256, at least 256)
+   * @throws std::invalid_argument when `p` is not a live allocation of this pool
+   */
+  std::size_t shrink_in_place(void* p, std::size_t bytes, stream_ref s) {
+    return static_cast<std::size_t>(core_->shrink_in_place(reinterpret_cast<std::uint64_t>(p), bytes, detail::key_of(s)));
+  }
+
   /// True if `p` lies in the pool's address range (live or not).
   [[nodiscard]] bool owns(const void* p) const noexcept {
     return core_ && core_->owns(reinterpret_cast<std::uint64_t>(p));

@@ -410,6 +410,22 @@ class basic_stream_buffer {
     return true;
   }
 
+  /**
+   * @brief Gives the memory beyond `size()` back to the pool without moving the buffer: freed
+   * in the order of `stream()`, reusable there at once. An empty buffer frees everything.
+   */
+  void shrink_to_fit() {
+    if (data_ == nullptr || capacity_ == size_) return;
+    if (size_ == 0) {
+      free_now();
+      capacity_ = 0;
+      return;
+    }
+    order_readers();  // the freed part may have been read on other streams
+    capacity_ = pool_->shrink_in_place(data_, size_bytes(), stream_) / sizeof(T);
+    touch();
+  }
+
   void swap(basic_stream_buffer& o) noexcept {
     std::swap(pool_, o.pool_);
     std::swap(stream_, o.stream_);

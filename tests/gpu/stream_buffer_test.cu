@@ -211,6 +211,27 @@ TEST_CASE("several large buffers of one pool grow in turn, each in place") {
   }
 }
 
+TEST_CASE("shrink_to_fit gives the rest back without moving; the buffer grows back in place") {
+  pool p;
+  stream s(0);
+  stream_buffer<std::uint32_t> buf(256 * MiB / 4, s, device_resource(p));
+  fill_async(buf.data(), buf.size_bytes(), 50, s.get());
+  const auto* at = buf.data();
+  const auto used = p.statistics().used_current;
+  buf.resize(1 * MiB / 4);
+  buf.shrink_to_fit();
+  CHECK(buf.capacity() == 1 * MiB / 4);
+  CHECK(buf.data() == at);
+  CHECK(p.statistics().used_current == used - 255 * MiB);
+  CHECK(mismatches_on(buf.data(), buf.size_bytes(), 50, s.get()) == 0);
+  CHECK(buf.resize(256 * MiB / 4) == growth::in_place);
+  CHECK(buf.data() == at);
+  buf.resize(0);
+  buf.shrink_to_fit();
+  CHECK(buf.data() == nullptr);
+  CHECK(p.statistics().live_allocations == 0);
+}
+
 TEST_CASE("reserve falls back to allocate-and-copy when the memory behind the buffer is taken") {
   pool p;
   stream s(0);

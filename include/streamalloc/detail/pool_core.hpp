@@ -232,6 +232,34 @@ class pool_core final : public completion_listener {
     return b->size;
   }
 
+  /// Makes the live allocation at `p` `bytes` long (rounded up to 256, at least 256) without
+  /// moving it: the rest is freed in the order of stream `s` (reusable by `s` at once, by
+  /// others once ordered after). Returns the new size.
+  /// Throws std::invalid_argument for a pointer that is not a live block.
+  std::uint64_t shrink_in_place(std::uint64_t p, std::uint64_t bytes, stream_key s) {
+    const std::uint64_t n = round_up(bytes == 0 ? 1 : bytes, free_bins::quantum);
+    stream_state& st = state_for(s);
+    block* b = live_.find(p);
+    if (b == nullptr) [[unlikely]] {
+      throw std::invalid_argument(explain_bad_free(p, "shrink_in_place"));
+    }
+    std::lock_guard lock(mutex_);
+    const std::uint64_t old = b->size;
+    if (n >= old) return old;
+    block* tail = arena_.make(b->addr + n, old - n);
+    tail->prev_addr = b;
+    tail->next_addr = b->next_addr;
+    if (b->next_addr != nullptr) b->next_addr->prev_addr = tail;
+    b->next_addr = tail;
+    b->size = n;
+    by_addr_[tail->addr] = tail;
+    tail->stream = st.record->id();
+    tail->stamp = st.record->stamp();
+    free_pending(tail, st);
+    account_bytes(st, -static_cast<std::int64_t>(old - n));
+    return n;
+  }
+
   // --- queries -----------------------------------------------------------------------------
 
   core_statistics statistics() {

@@ -335,6 +335,30 @@ TEST_CASE("grow_in_place: large allocations start with room after them, so sever
   for (auto q : p) CHECK(f.dev->is_mapped(q, 1024 * MiB));
 }
 
+TEST_CASE("shrink_in_place: the rest is freed on the stream, reusable there at once") {
+  core_options o;
+  o.reuse = {false, false, false};
+  o.chunk_size = 8 * MiB;
+  o.max_size = 8 * MiB;  // the shrunk block's chunk is all there is
+  fixture f(o);
+  auto a = make_stream(), b = make_stream();
+  const auto p = f.pool->allocate(8 * MiB, a.key());
+  const auto used = f.pool->statistics().used_current;
+  CHECK(f.pool->shrink_in_place(p, 1000, a.key()) == 1024);
+  CHECK(f.pool->find_live(p) == std::pair{p, std::uint64_t{1024}});
+  CHECK(f.pool->statistics().used_current == used - (8 * MiB - 1024));
+  CHECK(f.pool->shrink_in_place(p, 1 * MiB, a.key()) == 1024);  // never grows
+  // The freed tail: pending on a, so b (no proof) does not get it, a does.
+  f.dev->busy.insert(a.native);
+  CHECK_THROWS_AS((void)f.pool->allocate(4 * MiB, b.key()), core_out_of_memory);
+  const auto r = f.pool->allocate(4 * MiB, a.key());
+  CHECK(r == p + 1024);
+  // And the block grows back in place once the tail is free again.
+  f.pool->deallocate(r, a.key());
+  CHECK(f.pool->grow_in_place(p, 8 * MiB, a.key()) == 8 * MiB);
+  CHECK_THROWS_AS(f.pool->shrink_in_place(p + 256, 256, a.key()), std::invalid_argument);
+}
+
 TEST_CASE("grow_in_place: a live block in the way, or another stream's unproven free, says no") {
   core_options o;
   o.reuse = {true, false, false};
