@@ -142,8 +142,10 @@ class basic_stream_buffer {
                   "host_device_resource): the buffer grows in place through its pool");
   }
 
+  /// Moves the memory; `o` is left empty, on the same stream and pool, and usable (resize
+  /// allocates again).
   basic_stream_buffer(basic_stream_buffer&& o) noexcept
-      : pool_(std::exchange(o.pool_, nullptr)),
+      : pool_(o.pool_),
         stream_(o.stream_),
         data_(std::exchange(o.data_, nullptr)),
         size_(std::exchange(o.size_, 0)),
@@ -153,7 +155,7 @@ class basic_stream_buffer {
   basic_stream_buffer& operator=(basic_stream_buffer&& o) noexcept {
     if (this != &o) {
       release();
-      pool_ = std::exchange(o.pool_, nullptr);
+      pool_ = o.pool_;
       stream_ = o.stream_;
       data_ = std::exchange(o.data_, nullptr);
       size_ = std::exchange(o.size_, 0);

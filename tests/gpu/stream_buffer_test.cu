@@ -273,6 +273,14 @@ TEST_CASE("host_stream_buffer: host code writes after a synchronization, kernels
 
 TEST_CASE("bad input: empty buffers, absurd sizes, copies that do not fit") {
   stream s(0);
+  // A moved-from buffer is empty and usable again.
+  stream_buffer<int> moved_from(16, s);
+  stream_buffer<int> taker = std::move(moved_from);
+  CHECK(moved_from.data() == nullptr);  // NOLINT(bugprone-use-after-move): the point of the check
+  CHECK(moved_from.size() == 0);
+  CHECK(moved_from.resize(8) == growth::moved);
+  CHECK(moved_from.data() != nullptr);
+  CHECK(taker.size() == 16);
   stream_buffer<int> empty(0, s);
   CHECK(empty.data() == nullptr);
   CHECK(empty.empty());
