@@ -237,7 +237,7 @@ class pmr_resource final : public std::pmr::memory_resource {
   }
   template <class... P>
   pmr_resource(pool_resource<P...> r, stream_ref s) : pmr_resource(r) {
-    stream_ = s;
+    stream_ = s.resolved();
     ordered_ = true;
   }
 

@@ -142,6 +142,10 @@ class stream_ref {
   /// The device the stream belongs to.
   [[nodiscard]] int device() const { return record().device(); }
 
+  /// The same stream, carrying its identity: later uses make no driver call to look it up
+  /// (one `cuStreamGetId` now, for a reference made from a raw handle).
+  [[nodiscard]] stream_ref resolved() const { return stream_ref(stream_, &record()); }
+
   /// streamalloc's ordering record of this stream.
   [[nodiscard]] detail::stream_record& record() const {
     return record_ != nullptr ? *record_ : detail::resolve_stream(stream_);

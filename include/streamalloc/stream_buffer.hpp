@@ -100,7 +100,7 @@ class basic_stream_buffer {
    * @brief `count` elements (uninitialized) on `s`, from the current pool of `s`'s device.
    * @throws out_of_memory
    */
-  basic_stream_buffer(size_type count, stream_ref s) : stream_(s) {
+  basic_stream_buffer(size_type count, stream_ref s) : stream_(s.resolved()) {
     static_assert(!is_host_accessible,
                   "streamalloc::stream_buffer: the current pool holds device memory; a host-accessible buffer "
                   "needs a host pool's resource: host_stream_buffer<T>(count, stream, host_device_resource(pool))");
@@ -114,7 +114,8 @@ class basic_stream_buffer {
    * @throws out_of_memory
    */
   template <class... Q>
-  basic_stream_buffer(size_type count, stream_ref s, pool_resource<Q...> r) : pool_(&r.pool().get()), stream_(s) {
+  basic_stream_buffer(size_type count, stream_ref s, pool_resource<Q...> r)
+      : pool_(&r.pool().get()), stream_(s.resolved()) {
     static_assert(!is_host_accessible || has_property_v<host_accessible, Q...>,
                   "streamalloc::stream_buffer: this buffer's elements are accessed from host code, but the resource "
                   "does not claim host_accessible (a device pool's memory cannot be read by the host)");
@@ -329,7 +330,7 @@ class basic_stream_buffer {
                                   std::to_string(pool_->device()));
     }
     detail::check_proof(proof, stream_.record(), last_use_, &s.record(), "stream_buffer::set_stream");
-    stream_ = s;
+    stream_ = s.resolved();
     touch();
   }
 
@@ -353,7 +354,7 @@ class basic_stream_buffer {
                   "stream_order or a host_order)");
     if (!(s == stream_)) {
       detail::check_proof(proof, stream_.record(), last_use_, &s.record(), "stream_buffer::free_on");
-      stream_ = s;
+      stream_ = s.resolved();
     }
     release();
   }
@@ -462,7 +463,8 @@ class basic_stream_buffer {
     touch();
   }
 
-  // The buffer's last use on its stream, for checking proofs made afterwards.
+  // The buffer's last use on its stream, for checking proofs made afterwards. `stream_` is
+  // resolved once (constructor, set_stream), so this reads the record without a driver call.
   void touch() const { last_use_ = stream_.record().stamp(); }
 
   void check_host_access() const {

@@ -60,6 +60,15 @@ TEST_SUITE("ordering") {
     CHECK(why(order_after(b, d), a, now(a), b).find("orders after stream #") != std::string::npos);
   }
 
+  TEST_CASE("resolved(): the same stream, carrying its record") {
+    stream a(0);
+    const stream_ref raw(a.get());
+    const stream_ref r = raw.resolved();
+    CHECK(r == raw);
+    CHECK(&r.record() == &a.ref().record());
+    CHECK(r.id() == a.ref().id());
+  }
+
   TEST_CASE("orderings through other streams count: a before b before c") {
     stream a(0), b(0), c(0);
     const std::uint64_t use = now(a);

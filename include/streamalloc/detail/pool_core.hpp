@@ -212,10 +212,7 @@ class pool_core final : public completion_listener {
   std::uint64_t grow_in_place(std::uint64_t p, std::uint64_t bytes, stream_key s) {
     const std::uint64_t n = round_up(bytes == 0 ? 1 : bytes, free_bins::quantum);
     stream_state& st = state_for(s);
-    block* b = live_.find(p);
-    if (b == nullptr) [[unlikely]] {
-      throw std::invalid_argument(explain_bad_free(p, "grow_in_place"));
-    }
+    block* b = live_block(p, "grow_in_place");
     std::lock_guard lock(mutex_);
     const std::uint64_t old = b->size;
     if (n <= old) return old;
@@ -239,10 +236,7 @@ class pool_core final : public completion_listener {
   std::uint64_t shrink_in_place(std::uint64_t p, std::uint64_t bytes, stream_key s) {
     const std::uint64_t n = round_up(bytes == 0 ? 1 : bytes, free_bins::quantum);
     stream_state& st = state_for(s);
-    block* b = live_.find(p);
-    if (b == nullptr) [[unlikely]] {
-      throw std::invalid_argument(explain_bad_free(p, "shrink_in_place"));
-    }
+    block* b = live_block(p, "shrink_in_place");
     std::lock_guard lock(mutex_);
     const std::uint64_t old = b->size;
     if (n >= old) return old;
@@ -576,6 +570,15 @@ class pool_core final : public completion_listener {
       by_addr_[rest->addr] = rest;
       bins->insert(rest);
     }
+  }
+
+  /// The live block starting at `p`; throws std::invalid_argument saying what `p` is instead.
+  block* live_block(std::uint64_t p, const char* what) {
+    block* b = live_.find(p);
+    if (b == nullptr) [[unlikely]] {
+      throw std::invalid_argument(explain_bad_free(p, what));
+    }
+    return b;
   }
 
   /// Moves a stream's fast cache into its pending bins, coalescing.
