@@ -465,7 +465,10 @@ class basic_stream_buffer {
 
   // The buffer's last use on its stream, for checking proofs made afterwards. `stream_` is
   // resolved once (constructor, set_stream), so this reads the record without a driver call.
-  void touch() const { last_use_ = stream_.record().stamp(); }
+  // Only the run-time checks read it: without them this costs nothing.
+  void touch() const {
+    if constexpr (STREAMALLOC_CHECK_ORDERING != 0) last_use_ = stream_.record().current_epoch();
+  }
 
   void check_host_access() const {
     if constexpr (STREAMALLOC_CHECK_ORDERING != 0) {

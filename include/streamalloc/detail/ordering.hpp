@@ -54,6 +54,9 @@ class alignas(128) stream_record {
   /// before the free (and so covers it).
   [[nodiscard]] std::uint64_t stamp() noexcept { return epoch_.fetch_add(0, std::memory_order_acq_rel); }
 
+  /// The epoch now, for a point of work enqueued before any later capture on this thread
+  /// (no read-modify-write: enough for comparing with proofs made afterwards).
+  [[nodiscard]] std::uint64_t current_epoch() const noexcept { return epoch_.load(std::memory_order_acquire); }
   /// A point on this stream (an event record): captures and advances the epoch.
   [[nodiscard]] clock_snapshot capture() {
     clock_snapshot s;
