@@ -240,13 +240,7 @@ class pool_core final : public completion_listener {
     std::lock_guard lock(mutex_);
     const std::uint64_t old = b->size;
     if (n >= old) return old;
-    block* tail = arena_.make(b->addr + n, old - n);
-    tail->prev_addr = b;
-    tail->next_addr = b->next_addr;
-    if (b->next_addr != nullptr) b->next_addr->prev_addr = tail;
-    b->next_addr = tail;
-    b->size = n;
-    by_addr_[tail->addr] = tail;
+    block* tail = split(b, n);
     tail->stream = st.record->id();
     tail->stamp = st.record->stamp();
     free_pending(tail, st);
@@ -558,18 +552,25 @@ class pool_core final : public completion_listener {
     free_bins* bins = b->bins;
     bins->remove(b);
     if (b->size - n >= free_bins::quantum) {
-      block* rest = arena_.make(b->addr + n, b->size - n);
+      block* rest = split(b, n);
       rest->stream = b->stream;
       rest->stamp = b->stamp;
       rest->state = b->state;
-      rest->prev_addr = b;
-      rest->next_addr = b->next_addr;
-      if (b->next_addr != nullptr) b->next_addr->prev_addr = rest;
-      b->next_addr = rest;
-      b->size = n;
-      by_addr_[rest->addr] = rest;
       bins->insert(rest);
     }
+  }
+
+  /// Cuts `b` after its first `n` bytes; returns the rest as a block of its own, linked into
+  /// the address chain and `by_addr_`, in no bins.
+  block* split(block* b, std::uint64_t n) {
+    block* rest = arena_.make(b->addr + n, b->size - n);
+    rest->prev_addr = b;
+    rest->next_addr = b->next_addr;
+    if (b->next_addr != nullptr) b->next_addr->prev_addr = rest;
+    b->next_addr = rest;
+    b->size = n;
+    by_addr_[rest->addr] = rest;
+    return rest;
   }
 
   /// The live block starting at `p`; throws std::invalid_argument saying what `p` is instead.
@@ -872,10 +873,7 @@ class pool_core final : public completion_listener {
       for (auto& h : handles) backend_.release(h);
       return nullptr;
     }
-    reserved_ += total;
-    reserved_high_ = std::max(reserved_high_, reserved_);
-    reserved_seen_.store(reserved_, std::memory_order_relaxed);
-    ++grows_;
+    note_growth(total);
     free_bins* bins = (tail != nullptr && tail->bins == &st.pending) ? &st.pending : &clear_;
     std::uint64_t at = *va;
     for (std::size_t i = 0; i < sizes.size(); ++i) {
@@ -883,6 +881,14 @@ class pool_core final : public completion_listener {
       at += sizes[i];
     }
     return find_usable(n, st);
+  }
+
+  /// `bytes` more physical memory are held.
+  void note_growth(std::uint64_t bytes) noexcept {
+    reserved_ += bytes;
+    reserved_high_ = std::max(reserved_high_, reserved_);
+    reserved_seen_.store(reserved_, std::memory_order_relaxed);
+    ++grows_;
   }
 
   /// Extends live block `b` to `n` bytes with the free blocks after it that `st` may use,
@@ -921,10 +927,7 @@ class pool_core final : public completion_listener {
       // No retry after releasing cached chunks here: the free blocks after `b` may be among them.
       if (backend_.create(bytes, h) != CUDA_SUCCESS) return false;
       carve_va(room, end, bytes);
-      reserved_ += bytes;
-      reserved_high_ = std::max(reserved_high_, reserved_);
-      reserved_seen_.store(reserved_, std::memory_order_relaxed);
-      ++grows_;
+      note_growth(bytes);
       place_chunk(end, chunk{bytes, std::move(h)}, &clear_, &st);
     }
     // Absorb the blocks after `b`, splitting the last one.
