@@ -2,12 +2,14 @@
 // process, on the same GPU, as ratios. Host time per operation is measured without device
 // synchronization inside timed loops (allocation is a host-side cost for all four).
 //
-//   bench_pool [--quick] [--json FILE]
+//   bench_pool [--quick] [--json FILE] [--only SECTIONS]
+//   bench_pool --solo CPU START_MS SECONDS     (one process of scripts/scaling-processes.sh)
 
 #include <streamalloc/pool.hpp>
 #include <streamalloc/stream.hpp>
 
 #include "bench_common.hpp"
+#include "thread_rate.hpp"
 #include "trace.hpp"
 
 #include <cub/util_allocator.cuh>
@@ -20,9 +22,12 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <random>
 #include <sstream>
 #include <string>
@@ -163,85 +168,56 @@ void mixed_rounds() {
 
 // --- 3. threads on their own streams --------------------------------------------------------
 
-// One CPU per physical core, from sysfs (the first of each core's hardware threads), so that
-// n threads run on n cores rather than share some through SMT; empty if unknown.
-std::vector<int> one_cpu_per_core() {
-  std::vector<int> cpus;
-  std::vector<std::string> seen;
-  for (int c = 0; c < 1024; ++c) {
-    std::ifstream f("/sys/devices/system/cpu/cpu" + std::to_string(c) + "/topology/thread_siblings_list");
-    if (!f) break;
-    std::string siblings;
-    std::getline(f, siblings);
-    if (std::find(seen.begin(), seen.end(), siblings) != seen.end()) continue;
-    seen.push_back(siblings);
-    cpus.push_back(c);
-  }
-  return cpus;
-}
-
-void pin_to(int cpu) {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  CPU_SET(cpu, &set);
-  (void)pthread_setaffinity_np(pthread_self(), sizeof set, &set);
-}
-
 void threads_own_streams() {
-  const std::vector<int> cores = one_cpu_per_core();
+  std::vector<int> cores = bench::one_cpu_per_core();
+  // STREAMALLOC_BENCH_CPUS="0 2 4 ..." pins thread i to the i-th CPU listed instead.
+  if (const char* list = std::getenv("STREAMALLOC_BENCH_CPUS")) {
+    std::istringstream in(list);
+    cores.clear();
+    for (int c; in >> c;) cores.push_back(c);
+  }
   std::printf("\n3. threads allocating and freeing 4 KiB on their own streams: million pairs/s, all threads\n"
-              "   (%zu physical cores seen; up to that many threads each get a core of their own)\n",
+              "   together over the same window (%zu cores seen; up to that many threads each get one).\n"
+              "   Controls: each thread with a pool of its own (shares nothing in the pool), and a CPU-only\n"
+              "   loop of similar length (what the machine gives independent threads). 'slowest': the\n"
+              "   slowest thread's count over the mean (1.00: every thread ran equally fast)\n",
               cores.size());
-  std::printf("%8s %14s %14s %10s %16s\n", "threads", "streamalloc", "MallocAsync", "ratio", "streamalloc/1thr");
+  std::printf("%8s %12s %12s %9s %9s %8s %10s %10s %12s\n", "threads", "streamalloc", "MallocAsync", "ratio", "scaling",
+              "slowest", "own pools", "CPU-only", "vs CPU-only");
   streamalloc::pool pool(kept());
+  std::vector<std::unique_ptr<streamalloc::pool>> own;
+  for (int i = 0; i < 16; ++i) own.push_back(std::make_unique<streamalloc::pool>(kept()));
   cudaMemPool_t dp = make_driver_pool();
   std::vector<streamalloc::stream> streams;
   for (int i = 0; i < 16; ++i) streams.emplace_back(0);
-  const int per = quick ? 20000 : 200000;
-  double ours1 = 0;
+  std::vector<bench::cpu_only_work> work(16);
+  const auto window = std::chrono::milliseconds(quick ? 10 : 50);
+  const auto on_device = [](int) { BENCH_CHECK(cudaSetDevice(0)); };
+  double ours1 = 0, own1 = 0, cpu1 = 0;
   for (int threads : {1, 2, 4, 8, 16}) {
-    auto run = [&](auto&& pair, int pairs) {
-      std::atomic<int> ready{0};
-      std::atomic<bool> go{false};
-      std::vector<std::thread> ts;
-      std::vector<double> secs(threads);
-      for (int t = 0; t < threads; ++t) {
-        ts.emplace_back([&, t] {
-          if (threads <= static_cast<int>(cores.size())) pin_to(cores[t]);
-          BENCH_CHECK(cudaSetDevice(0));
-          for (int i = 0; i < 1000; ++i) pair(t);
-          ++ready;
-          while (!go) std::this_thread::yield();
-          auto start = clk::now();
-          for (int i = 0; i < pairs; ++i) pair(t);
-          secs[t] = seconds_since(start);
-        });
-      }
-      while (ready < threads) std::this_thread::yield();
-      go = true;
-      for (auto& t : ts) t.join();
-      double slowest = 0;
-      for (double x : secs) slowest = std::max(slowest, x);
-      return threads * static_cast<double>(pairs) / slowest / 1e6;
-    };
-    // The median of five runs: one thread's rate moves with the clock boost a lone busy core
-    // gets, and a single run would make the scaling ratio follow that noise.
-    std::vector<double> ours_runs;
+    auto run = [&](auto&& op) { return bench::run_threads(threads, cores, window, on_device, op); };
+    // Medians of five runs, interleaved so that the three see the same moments of the machine.
+    std::vector<double> ours_runs, own_runs, cpu_runs, slowest;
     for (int r = 0; r < 5; ++r) {
-      ours_runs.push_back(run([&](int t) { pool.deallocate(pool.allocate(4 * KiB, streams[t]), streams[t]); }, per));
+      const bench::thread_rate o = run([&](int t) { pool.deallocate(pool.allocate(4 * KiB, streams[t]), streams[t]); });
+      ours_runs.push_back(o.total);
+      slowest.push_back(o.slowest_share);
+      own_runs.push_back(run([&](int t) { own[t]->deallocate(own[t]->allocate(4 * KiB, streams[t]), streams[t]); }).total);
+      cpu_runs.push_back(run([&](int t) { work[t](); }).total);
     }
-    const double ours = bench::median(ours_runs);
-    const double async = run(
-        [&](int t) {
-          void* p;
-          BENCH_CHECK(cudaMallocFromPoolAsync(&p, 4 * KiB, dp, streams[t].get()));
-          BENCH_CHECK(cudaFreeAsync(p, streams[t].get()));
-        },
-        per / 20);
-    if (threads == 1) ours1 = ours;
-    std::printf("%8d %14.2f %14.2f %9.1fx %15.2fx\n", threads, ours, async, ours / async, ours / ours1);
+    const double ours = bench::median(ours_runs), mine = bench::median(own_runs), cpu = bench::median(cpu_runs);
+    const double async = run([&](int t) {
+                           void* p;
+                           BENCH_CHECK(cudaMallocFromPoolAsync(&p, 4 * KiB, dp, streams[t].get()));
+                           BENCH_CHECK(cudaFreeAsync(p, streams[t].get()));
+                         }).total;
+    if (threads == 1) ours1 = ours, own1 = mine, cpu1 = cpu;
+    std::printf("%8d %12.2f %12.2f %8.1fx %8.2fx %8.2f %9.2fx %9.2fx %12.2f\n", threads, ours, async, ours / async,
+                ours / ours1, bench::median(slowest), mine / own1, cpu / cpu1, (ours / ours1) / (cpu / cpu1));
     json_row("threads_" + std::to_string(threads),
-             "\"streamalloc_mpairs_s\": " + std::to_string(ours) + ", \"cudaMallocAsync_mpairs_s\": " + std::to_string(async));
+             "\"streamalloc_mpairs_s\": " + std::to_string(ours) + ", \"cudaMallocAsync_mpairs_s\": " + std::to_string(async) +
+                 ", \"own_pools_mpairs_s\": " + std::to_string(mine) + ", \"cpu_only_mops_s\": " + std::to_string(cpu) +
+                 ", \"slowest_share\": " + std::to_string(bench::median(slowest)));
   }
   for (auto& s : streams) s.synchronize();
   BENCH_CHECK(cudaMemPoolDestroy(dp));
@@ -403,8 +379,11 @@ void bandwidth() {
 
 void growth() {
   const std::size_t target = quick ? 1 * GiB : 8 * GiB;
-  std::printf("\n7. growing a new pool from empty to %zu GiB in use: ms\n", target / GiB);
-  std::printf("%-28s %12s %14s %10s\n", "allocations", "streamalloc", "MallocAsync", "ratio");
+  std::printf("\n7. growing a new pool from empty to %zu GiB in use: ms (compact: 2 MiB chunks, the setting that meets\n"
+              "   the random trace's 1.10; every chunk costs a cuMemCreate, cuMemMap and cuMemSetAccess)\n",
+              target / GiB);
+  std::printf("%-24s %12s %12s %12s %10s %14s\n", "allocations", "streamalloc", "compact", "MallocAsync", "ratio",
+              "compact ratio");
   streamalloc::stream s(0);
   for (int kind = 0; kind < 2; ++kind) {
     std::mt19937_64 rng(5);
@@ -416,17 +395,22 @@ void growth() {
       got += z;
     }
     std::vector<void*> ptrs(sizes.size());
-    std::vector<double> ours_ms, async_ms;
+    std::vector<double> ours_ms, compact_ms, async_ms;
+    auto ours = [&](bool compact) {
+      streamalloc::pool_properties props = kept();
+      props.compact = compact;
+      streamalloc::pool pool(props);
+      auto t = clk::now();
+      for (std::size_t i = 0; i < sizes.size(); ++i) ptrs[i] = pool.allocate(sizes[i], s);
+      s.synchronize();
+      const double ms = seconds_since(t) * 1e3;
+      for (void* p : ptrs) pool.deallocate(p, s);
+      s.synchronize();
+      return ms;
+    };
     for (int rep = 0; rep < 3; ++rep) {
-      {
-        streamalloc::pool pool(kept());
-        auto t = clk::now();
-        for (std::size_t i = 0; i < sizes.size(); ++i) ptrs[i] = pool.allocate(sizes[i], s);
-        s.synchronize();
-        ours_ms.push_back(seconds_since(t) * 1e3);
-        for (void* p : ptrs) pool.deallocate(p, s);
-        s.synchronize();
-      }
+      ours_ms.push_back(ours(false));
+      compact_ms.push_back(ours(true));
       {
         cudaMemPool_t dp = make_driver_pool();
         auto t = clk::now();
@@ -438,12 +422,40 @@ void growth() {
         BENCH_CHECK(cudaMemPoolDestroy(dp));
       }
     }
-    const double o = bench::median(ours_ms), a = bench::median(async_ms);
+    const double o = bench::median(ours_ms), c = bench::median(compact_ms), a = bench::median(async_ms);
     const char* name = kind == 0 ? "64 MiB each" : "random 4 KiB..64 MiB";
-    std::printf("%-28s %12.2f %14.2f %9.2fx\n", name, o, a, a / o);
+    std::printf("%-24s %12.2f %12.2f %12.2f %9.2fx %13.2fx\n", name, o, c, a, a / o, a / c);
     json_row(std::string("growth_") + (kind == 0 ? "64MiB" : "random"),
-             "\"streamalloc_ms\": " + std::to_string(o) + ", \"cudaMallocAsync_ms\": " + std::to_string(a));
+             "\"streamalloc_ms\": " + std::to_string(o) + ", \"streamalloc_compact_ms\": " + std::to_string(c) +
+                 ", \"cudaMallocAsync_ms\": " + std::to_string(a));
   }
+}
+
+// One thread's 4 KiB pairs in a process of its own, from `start_ms` (ms since the epoch, so
+// that several processes started together measure the same moments) for `seconds`: prints
+// million pairs/s. Processes share nothing but the machine and the GPU driver, so running
+// 1, 2, 4 and 8 of them at once shows how the machine scales the pool's code with no shared
+// memory at all (scripts/scaling-processes.sh).
+int solo(int cpu, long long start_ms, double seconds) {
+  if (cpu >= 0) bench::pin_to(cpu);
+  streamalloc::pool pool(kept());
+  streamalloc::stream s(0);
+  for (int i = 0; i < 100000; ++i) pool.deallocate(pool.allocate(4 * KiB, s), s);
+  while (std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count() <
+         start_ms) {
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  std::uint64_t pairs = 0;
+  auto t = clk::now();
+  double elapsed = 0;
+  while (elapsed < seconds) {
+    for (int i = 0; i < 10000; ++i) pool.deallocate(pool.allocate(4 * KiB, s), s);
+    pairs += 10000;
+    elapsed = seconds_since(t);
+  }
+  std::printf("solo cpu %d: %.3f million pairs/s\n", cpu, static_cast<double>(pairs) / elapsed / 1e6);
+  s.synchronize();
+  return 0;
 }
 
 }  // namespace
@@ -456,6 +468,12 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--quick")) quick = true;
     else if (!std::strcmp(argv[i], "--json") && i + 1 < argc) json = argv[++i];
     else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
+    else if (!std::strcmp(argv[i], "--solo") && i + 3 < argc) {
+      const int cpu = std::atoi(argv[i + 1]);
+      const long long start_ms = std::atoll(argv[i + 2]);
+      const double secs = std::atof(argv[i + 3]);
+      return solo(cpu, start_ms, secs);
+    }
   }
   BENCH_CHECK(cudaSetDevice(0));
   BENCH_CHECK(cudaFree(nullptr));

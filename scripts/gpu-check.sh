@@ -91,6 +91,10 @@ if [ $quick -eq 0 ]; then
   step sanitizers sanitize
   benches() {
     "$build/bench/bench_pool" --json "$out/pool.json" && \
+    echo && echo "the same threads, one process each (scripts/scaling-processes.sh):" && \
+    "$here/scripts/scaling-processes.sh" "$build/bench/bench_pool" 1 && \
+    echo && echo "the same threads on the CPU, pool core on a simulated device (bench_threads_sim):" && \
+    "$build/bench/bench_threads_sim" && \
     "$build/bench/bench_stream_buffer" --json "$out/stream_buffer.json" && \
     "$build/bench/bench_bandwidth" --json "$out/bandwidth.json" && \
     "$build/bench/bench_vmm_costs"
@@ -107,6 +111,8 @@ if [ -f "$out/sanitizers.log" ]; then  # the verdict of each tool run
 fi
 if [ -f "$out/bench.log" ]; then
   echo; sed -n '/^1\. allocate/,/^wrote .*pool.json/p' "$out/bench.log"
+  echo; sed -n '/^the same threads, one process each/,/^ *16 /p' "$out/bench.log"
+  echo; sed -n '/^the same threads on the CPU/,/^ *16 /p' "$out/bench.log"
   echo; sed -n '/^growing a buffer/,/^wrote .*stream_buffer.json/p' "$out/bench.log"
 fi
 exit $failed
