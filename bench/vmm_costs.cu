@@ -13,6 +13,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -99,6 +100,46 @@ int main(int argc, char** argv) {
                 bench::median(one), bench::median(many_create), bench::median(many_map),
                 bench::median(many_access),
                 bench::median(many_create) + bench::median(many_map) + bench::median(many_access));
+  }
+
+  // Where the handles go: 128 handles of 64 MiB (8 GiB) made, mapped and made accessible one
+  // after another, packed in one range, 1 GiB apart, or each in the middle of the largest
+  // unused range of a 512 GiB reservation (how the pool places large allocations so they can
+  // grow in place). Every new GiB of addresses needs new page-table pages on the GPU.
+  {
+    const std::size_t h = 64 * MiB, count = 128, GiB = 1024 * MiB;
+    std::printf("\n128 handles of 64 MiB, create + map + access each, by placement (ms, median of 3):\n");
+    for (int layout = 0; layout < 3; ++layout) {
+      std::vector<double> ms;
+      for (int rep = 0; rep < 3; ++rep) {
+        const std::size_t span = layout == 0 ? count * h : layout == 1 ? count * GiB : 512 * GiB;
+        address_reservation va(span);
+        std::vector<std::pair<std::size_t, std::size_t>> unused{{0, span}};  // offset, size
+        std::vector<physical_allocation> hs;
+        std::vector<mapping> maps;
+        hs.reserve(count);
+        maps.reserve(count);
+        auto t = clk::now();
+        for (std::size_t k = 0; k < count; ++k) {
+          std::size_t at = layout == 0 ? k * h : k * GiB;
+          if (layout == 2) {
+            auto best = std::max_element(unused.begin(), unused.end(),
+                                         [](auto& a, auto& b) { return a.second < b.second; });
+            const auto [start, size] = *best;
+            at = start + (size - h) / 2 / (2 * MiB) * (2 * MiB);
+            *best = {start, at - start};
+            unused.emplace_back(at + h, start + size - at - h);
+          }
+          hs.emplace_back(h, gpu);
+          maps.emplace_back(va.address() + at, hs.back());
+          rw(va.address() + at, h);
+        }
+        ms.push_back(us_since(t) / 1000.0);
+      }
+      static const char* names[] = {"packed", "1 GiB apart", "middle of the largest unused range"};
+      std::printf("  %-36s %8.2f ms (%.1f us a handle)\n", names[layout], bench::median(ms),
+                  bench::median(ms) * 1000.0 / count);
+    }
   }
 
   // Mapping part of a handle (offset != 0): the driver's answer.

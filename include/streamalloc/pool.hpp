@@ -11,6 +11,7 @@
 #include <streamalloc/driver.hpp>
 #include <streamalloc/memory_location.hpp>
 #include <streamalloc/physical_allocation.hpp>
+#include <streamalloc/placement.hpp>
 #include <streamalloc/shareable_handle.hpp>
 #include <streamalloc/stream.hpp>
 
@@ -290,16 +291,18 @@ class pool {
    * @brief Allocates `bytes` in the order of stream `s`: usable by work enqueued on `s` after
    * this call, and by other streams once they are ordered after it. Never blocks the host or
    * synchronizes the device. Aligned to 256 bytes. `bytes == 0` returns nullptr.
+   * @param where for a request of at least the chunk size that makes the pool grow: packed
+   *        with the other large allocations (fastest), or with room to grow in place after it
    * @throws out_of_memory when the pool is at its maximum size or the device has no memory
    * @throws std::invalid_argument when `s` belongs to a device that cannot use the pool's
    *         memory (another device than a device pool's; for a host pool, another device than
    *         the one it was made for)
    */
-  [[nodiscard]] void* allocate(std::size_t bytes, stream_ref s) {
+  [[nodiscard]] void* allocate(std::size_t bytes, stream_ref s, placement where = placement::packed) {
     if (bytes == 0) return nullptr;
     const detail::stream_key key = detail::key_of(s);
     if (key.record->device() != device_) [[unlikely]] throw_wrong_device(key.record->device());
-    return allocate_keyed(bytes, key);
+    return allocate_keyed(bytes, key, where);
   }
 
   /**
@@ -339,7 +342,8 @@ class pool {
    * the added bytes are usable by work enqueued on `s` after the call (their contents are
    * undefined). No copy is made and `p` stays valid.
    * @return the allocation's new size (>= bytes, a multiple of 256), or 0 when the addresses
-   *         after it are taken (nothing changed: allocate, copy and free instead)
+   *         after it are taken (nothing changed: allocate, copy and free instead). A large
+   *         allocation made with `placement::room_to_grow` has unused addresses after it.
    * @throws std::invalid_argument when `p` is not a live allocation of this pool
    */
   std::size_t grow_in_place(void* p, std::size_t bytes, stream_ref s) {
@@ -434,13 +438,13 @@ class pool {
                                 std::to_string(stream_device) + "))");
   }
 
-  void* allocate_keyed(std::size_t bytes, detail::stream_key key) {
+  void* allocate_keyed(std::size_t bytes, detail::stream_key key, placement where = placement::packed) {
     if (bytes == 0) return nullptr;
     if (bytes > (std::size_t{1} << 62)) [[unlikely]] {
       throw out_of_memory(bytes, "streamalloc: " + std::to_string(bytes) + " bytes is more than any pool can hold");
     }
     try {
-      return reinterpret_cast<void*>(core_->allocate(bytes, key));
+      return reinterpret_cast<void*>(core_->allocate(bytes, key, where));
     } catch (const detail::core_out_of_memory& e) {
       throw out_of_memory(bytes, "streamalloc: cannot allocate " + std::to_string(bytes) + " bytes from a pool on " +
                                      props_.location.to_string() + ": " + e.reason);
@@ -458,7 +462,9 @@ class pool {
 class pool_ref {
  public:
   pool_ref(pool& p) noexcept : pool_(&p) {}  // NOLINT: an owner views as its ref
-  [[nodiscard]] void* allocate(std::size_t bytes, stream_ref s) const { return pool_->allocate(bytes, s); }
+  [[nodiscard]] void* allocate(std::size_t bytes, stream_ref s, placement where = placement::packed) const {
+    return pool_->allocate(bytes, s, where);
+  }
   void deallocate(void* p, stream_ref s) const { pool_->deallocate(p, s); }
   [[nodiscard]] bool owns(const void* p) const noexcept { return pool_->owns(p); }
   [[nodiscard]] pool_statistics statistics() const { return pool_->statistics(); }

@@ -378,7 +378,7 @@ class basic_stream_buffer {
         return growth::in_place;
       }
     }
-    T* fresh = static_cast<T*>(pool_->allocate(bytes, stream_));
+    T* fresh = static_cast<T*>(pool_->allocate(bytes, stream_, placement::room_to_grow));
     if (data_ != nullptr) {
       try {
         copy_bytes(fresh, data_, size_ * sizeof(T));
@@ -458,7 +458,7 @@ class basic_stream_buffer {
   }
 
   void allocate_initial(size_type count) {
-    data_ = static_cast<T*>(pool_->allocate(bytes_for(count), stream_));
+    data_ = static_cast<T*>(pool_->allocate(bytes_for(count), stream_, placement::room_to_grow));
     size_ = capacity_ = count;
     touch();
   }

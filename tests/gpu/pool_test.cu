@@ -83,6 +83,30 @@ TEST_CASE("allocate and deallocate in stream order; kernels see their own data")
   CHECK(p.statistics().live_allocations == 0);
 }
 
+TEST_CASE("placement: packed large allocations are adjacent; room_to_grow ones grow in place; kernels see both") {
+  SA_CUDA_REQUIRE(cudaSetDevice(0));
+  pool p;
+  stream s(0);
+  std::vector<void*> packed;
+  for (int i = 0; i < 4; ++i) packed.push_back(p.allocate(64 * MiB, s));
+  for (int i = 1; i < 4; ++i) CHECK(static_cast<char*>(packed[i]) + 64 * MiB == packed[i - 1]);
+  CHECK(p.grow_in_place(packed[1], 128 * MiB, s) == 0);  // its neighbour is right after it
+  void* roomy = p.allocate(64 * MiB, s, placement::room_to_grow);
+  CHECK(p.grow_in_place(roomy, 1024 * MiB, s) == 1024 * MiB);
+  counter bad;
+  std::uint32_t seed = 7;
+  for (void* x : packed) fill_async(x, 64 * MiB, seed++, s.get());
+  fill_async(roomy, 1024 * MiB, seed, s.get());
+  seed = 7;
+  for (void* x : packed) check_async(x, 64 * MiB, seed++, bad.d, s.get());
+  check_async(roomy, 1024 * MiB, seed, bad.d, s.get());
+  s.synchronize();
+  CHECK(bad.read() == 0);
+  for (void* x : packed) p.deallocate(x, s);
+  p.deallocate(roomy, s);
+  CHECK(p.statistics().live_allocations == 0);
+}
+
 TEST_CASE("zero bytes is nullptr; freeing nullptr does nothing") {
   pool p;
   stream s(0);

@@ -30,6 +30,7 @@
 #include <streamalloc/detail/free_bins.hpp>
 #include <streamalloc/detail/live_table.hpp>
 #include <streamalloc/detail/ordering.hpp>
+#include <streamalloc/placement.hpp>
 
 #include <cuda.h>
 
@@ -160,7 +161,8 @@ class pool_core final : public completion_listener {
 
   /// Rounds `bytes` to the pool's quantum (256) and returns a block's address, ordered on `s`.
   /// Throws core_out_of_memory when nothing can be found.
-  std::uint64_t allocate(std::uint64_t bytes, stream_key s) {
+  /// `where`: the addresses of a request that gets a chunk of its own (see `placement`).
+  std::uint64_t allocate(std::uint64_t bytes, stream_key s, placement where = placement::packed) {
     const std::uint64_t n = round_up(bytes == 0 ? 1 : bytes, free_bins::quantum);
     stream_state& st = state_for(s);
     st.lock.lock();
@@ -168,7 +170,7 @@ class pool_core final : public completion_listener {
     block* b = st.cache.find(n, [](block*) { return true; }, free_bins::bin_of(n) + 1, 8);
     if (b == nullptr) {
       st.lock.unlock();
-      return allocate_slow(n, st, s);
+      return allocate_slow(n, st, s, where);
     }
     st.cache.remove(b);
     st.cache_bytes -= b->size;
@@ -459,7 +461,7 @@ class pool_core final : public completion_listener {
 
   // --- the slow path -------------------------------------------------------------------------
 
-  std::uint64_t allocate_slow(std::uint64_t n, stream_state& st, stream_key s) {
+  std::uint64_t allocate_slow(std::uint64_t n, stream_state& st, stream_key s, placement where) {
     std::lock_guard lock(mutex_);
     flush_cache(st);
     block* b = find_usable(n, st);
@@ -472,7 +474,7 @@ class pool_core final : public completion_listener {
     }
     if (b == nullptr) b = join_adjacent(n, st);
     if (b == nullptr) b = defragment(n, st);
-    if (b == nullptr) b = grow(n, st);
+    if (b == nullptr) b = grow(n, st, where);
     if (b == nullptr && options_.reuse.internal_dependencies) b = wait_for_pending(n, st, s);
     if (b == nullptr) {
       // Every source has been tried: free blocks usable now, completions learned just now,
@@ -725,6 +727,18 @@ class pool_core final : public completion_listener {
     }
     return std::nullopt;
   }
+  /// Unmapped addresses at the top of the highest free range that holds `bytes`: large runs
+  /// placed there one after another are adjacent, and share page tables.
+  std::optional<std::uint64_t> take_va_top(std::uint64_t bytes) {
+    for (auto it = va_free_.rbegin(); it != va_free_.rend(); ++it) {
+      if (it->second >= bytes) {
+        const std::uint64_t at = it->first + it->second - bytes;
+        carve_va(std::prev(it.base()), at, bytes);
+        return at;
+      }
+    }
+    return std::nullopt;
+  }
   /// Unmapped addresses for a run that may want to grow in place (grow_in_place maps memory
   /// right after a run): the middle of the largest unmapped range, so that each such run has
   /// about half of a free range after it, rather than the next run. Null when no range holds
@@ -824,7 +838,7 @@ class pool_core final : public completion_listener {
 
   /// Grows the pool for a request of `n` bytes on `st`. Null when the limit or the device
   /// says no.
-  block* grow(std::uint64_t n, stream_state& st) {
+  block* grow(std::uint64_t n, stream_state& st, placement where) {
     const bool own = n >= options_.chunk_size && options_.own_chunk_for_large;
     // One handle of its own for a large request: copies over it run at full speed. Otherwise
     // chunks, extending the free block at the end of a mapped run when there is one.
@@ -866,8 +880,10 @@ class pool_core final : public completion_listener {
       for (auto& h : handles) backend_.release(h);
       return nullptr;
     }
-    // A large request starts a run of its own: leave it room to grow in place.
-    if (!va && own) va = take_va_spaced(total);
+    // A large request starts a run of its own: with room to grow in place after it, or next
+    // to the other large runs, at the top of the addresses (chunk runs grow at the bottom),
+    // where the GPU page tables are already built.
+    if (!va && own) va = where == placement::room_to_grow ? take_va_spaced(total) : take_va_top(total);
     if (!va) va = take_va(total);
     if (!va) {
       for (auto& h : handles) backend_.release(h);

@@ -324,15 +324,39 @@ TEST_CASE("grow_in_place: takes the free memory after a block, then maps more be
   CHECK(f.pool->allocate(1000 * MiB, s.key()) == p);
 }
 
-TEST_CASE("grow_in_place: large allocations start with room after them, so several grow in turn") {
+TEST_CASE("grow_in_place: large allocations with room_to_grow have room after them, so several grow in turn") {
   fixture f;
   auto s = make_stream();
   std::vector<std::uint64_t> p;
-  for (int i = 0; i < 8; ++i) p.push_back(f.pool->allocate(64 * MiB, s.key()));
+  for (int i = 0; i < 8; ++i) p.push_back(f.pool->allocate(64 * MiB, s.key(), streamalloc::placement::room_to_grow));
   for (std::uint64_t size = 128 * MiB; size <= 1024 * MiB; size *= 2) {
     for (auto q : p) CHECK(f.pool->grow_in_place(q, size, s.key()) == size);
   }
   for (auto q : p) CHECK(f.dev->is_mapped(q, 1024 * MiB));
+}
+
+TEST_CASE("placement: packed large allocations sit next to each other, away from the chunks") {
+  fixture f;
+  auto s = make_stream();
+  const auto small = f.pool->allocate(1 * MiB, s.key());
+  std::vector<std::uint64_t> p;
+  for (int i = 0; i < 4; ++i) p.push_back(f.pool->allocate(64 * MiB, s.key()));
+  // Downward from the top of the addresses, each right before the one made before it.
+  for (int i = 1; i < 4; ++i) CHECK(p[i] + 64 * MiB == p[i - 1]);
+  CHECK(p[0] > small + 32ull * 1024 * MiB);
+  // So the chunk run of small allocations still grows in place behind its end...
+  CHECK(f.pool->grow_in_place(small, 512 * MiB, s.key()) == 512 * MiB);
+  // ...while a packed allocation has its neighbour right after it.
+  CHECK(f.pool->grow_in_place(p[1], 128 * MiB, s.key()) == 0);
+  CHECK(f.pool->find_live(p[1]) == std::pair{p[1], 64 * MiB});
+  // The topmost one has free addresses after it only if the reservation continues: it does not.
+  CHECK(f.pool->grow_in_place(p[0], 128 * MiB, s.key()) == 0);
+  // Freed neighbours coalesce across their handles: 256 MiB in one block, no growth.
+  for (auto q : p) f.pool->deallocate(q, s.key());
+  const auto creates = f.dev->creates;
+  const auto big = f.pool->allocate(256 * MiB, s.key());
+  CHECK(f.dev->creates == creates);
+  CHECK(big == p[3]);
 }
 
 TEST_CASE("shrink_in_place: the rest is freed on the stream, reusable there at once") {
