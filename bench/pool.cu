@@ -16,9 +16,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <atomic>
-#include <pthread.h>
-#include <sched.h>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
