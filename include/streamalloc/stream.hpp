@@ -21,6 +21,7 @@
 #include <cstddef>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <utility>
 
@@ -29,7 +30,27 @@ namespace streamalloc {
 class event_ref;
 
 namespace detail {
+/// Does handle `s` name the calling thread's own default stream (a different stream on every
+/// thread)? `cudaStreamPerThread` always; handle 0 where the code is built with
+/// `--default-stream per-thread` (then the driver is asked through its per-thread entry points).
+inline bool is_per_thread_handle(CUstream s) noexcept {
+#if defined(CUDA_API_PER_THREAD_DEFAULT_STREAM)
+  if (s == nullptr) return true;
+#endif
+  return s == CU_STREAM_PER_THREAD;
+}
+
+/// Does handle `s` name the legacy default stream, the same stream on every thread for the
+/// process's life?
+inline bool is_legacy_handle(CUstream s) noexcept {
+#if !defined(CUDA_API_PER_THREAD_DEFAULT_STREAM)
+  if (s == nullptr) return true;
+#endif
+  return s == CU_STREAM_LEGACY;
+}
+
 /// The ordering record of a raw stream handle, made on first use (one driver call per use).
+/// For the per-thread default stream's handle it is the calling thread's stream's record.
 inline stream_record& resolve_stream(CUstream s) {
   unsigned long long id = 0;
   if (cu::cuStreamGetId_nothrow(s, &id) == CUDA_ERROR_INVALID_CONTEXT) {
@@ -47,6 +68,7 @@ inline stream_record& resolve_stream(CUstream s) {
     (void)cu::cuCtxPopCurrent_nothrow(&popped);
     check(res, "cuCtxGetDevice");
     r.set_device(static_cast<int>(d));
+    if (is_legacy_handle(s)) r.mark_handle_stable();
   }
   return r;
 }
@@ -143,10 +165,16 @@ class stream_ref {
   [[nodiscard]] int device() const { return record().device(); }
 
   /// The same stream, carrying its identity: later uses make no driver call to look it up
-  /// (one `cuStreamGetId` now, for a reference made from a raw handle).
-  [[nodiscard]] stream_ref resolved() const { return stream_ref(stream_, &record()); }
+  /// (one `cuStreamGetId` now, for a reference made from a raw handle). The per-thread default
+  /// stream's handle is left as it is: it names the stream of whichever thread uses it, so it
+  /// is looked up again on each use.
+  [[nodiscard]] stream_ref resolved() const {
+    if (detail::is_per_thread_handle(stream_)) return *this;
+    return stream_ref(stream_, &record());
+  }
 
-  /// streamalloc's ordering record of this stream.
+  /// streamalloc's ordering record of this stream (for the per-thread default stream, the
+  /// calling thread's).
   [[nodiscard]] detail::stream_record& record() const {
     return record_ != nullptr ? *record_ : detail::resolve_stream(stream_);
   }
@@ -178,8 +206,13 @@ enum class stream_flags : unsigned {
 class stream {
  public:
   /// Creates a stream on `device` (-1: device 0 unless the thread has a current context).
+  /// @throws std::invalid_argument for a negative device other than -1
   /// @throws cuda_error
   explicit stream(int device = -1, stream_flags flags = stream_flags::non_blocking, int priority = 0) {
+    if (device < -1) [[unlikely]] {
+      throw std::invalid_argument("streamalloc::stream: device " + std::to_string(device) +
+                                  " is not a device ordinal (-1 means the current context's device)");
+    }
     CUcontext current = nullptr;
     detail::cu::cuCtxGetCurrent(&current);
     CUcontext target = current;
@@ -193,6 +226,7 @@ class stream {
     stream_ = s;
     try {
       record_ = &detail::resolve_stream(s);
+      record_->mark_handle_stable();  // valid until reset() retires it
     } catch (...) {
       (void)detail::cu::cuStreamDestroy_nothrow(s);
       throw;
@@ -218,7 +252,12 @@ class stream {
   stream_order wait(event_ref e) const;
   host_order synchronize() const { return ref().synchronize(); }
   [[nodiscard]] bool query() const { return ref().query(); }
-  [[nodiscard]] int device() const noexcept { return record_->device(); }
+  /// The device the stream belongs to.
+  /// @throws std::logic_error for a moved-from stream
+  [[nodiscard]] int device() const {
+    if (record_ == nullptr) [[unlikely]] throw std::logic_error("streamalloc::stream::device: the stream was moved from");
+    return record_->device();
+  }
 
  private:
   void reset() noexcept {

@@ -100,6 +100,16 @@ class alignas(128) stream_record {
     return completed_.load(std::memory_order_acquire);
   }
 
+  /// The stream's handle stays valid until the stream retires, so a pool may use it at any time
+  /// (to record an event or ask whether the stream is idle): a stream streamalloc owns, or the
+  /// legacy default stream. Any other handle is only known valid during a call that was given
+  /// it: a raw stream may be destroyed and its value handed to the next stream created, and the
+  /// per-thread default stream's handle names another stream on every thread.
+  void mark_handle_stable() noexcept { handle_stable_.store(true, std::memory_order_release); }
+  [[nodiscard]] bool handle_stable() const noexcept {
+    return handle_stable_.load(std::memory_order_acquire) && !retired();
+  }
+
   /// The stream was destroyed through streamalloc: its handle must not be used any more.
   void mark_retired() noexcept { retired_.store(true, std::memory_order_release); }
   [[nodiscard]] bool retired() const noexcept { return retired_.load(std::memory_order_acquire); }
@@ -126,6 +136,7 @@ class alignas(128) stream_record {
   std::atomic<std::uint64_t> epoch_{1};
   std::atomic<std::uint64_t> completed_{0};
   std::atomic<bool> retired_{false};
+  std::atomic<bool> handle_stable_{false};
   mutable std::mutex mutex_;
   std::vector<std::pair<std::uint64_t, std::uint64_t>> clock_;  // sorted by stream id
 };

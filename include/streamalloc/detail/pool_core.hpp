@@ -25,6 +25,15 @@
 //   event record(const stream_key&);   bool done(event&);   void wait(const stream_key&, event&);
 //   bool idle(const stream_key&);      has the stream executed all its work?
 //   void synchronize(event&);          void destroy(event&);
+//
+// Stream handles: a state keeps the handle it was first seen with, but uses it on its own
+// (to record an event, or to ask whether the stream is idle) only when the stream's record says
+// the handle stays valid (a stream streamalloc owns, until it retires; the legacy default
+// stream). Any other handle is used only during a call that was given it, on the calling
+// thread: a raw stream may have been destroyed since and its value handed to a new stream, and
+// the per-thread default stream's handle names the calling thread's stream. Reusing on stream B
+// memory freed on such a stream A therefore needs proof learned while A was in hand (an event
+// the pool recorded on A during one of A's calls, a host synchronization, an event wait).
 
 #include <streamalloc/detail/block.hpp>
 #include <streamalloc/detail/free_bins.hpp>
@@ -223,7 +232,7 @@ class pool_core final : public completion_listener {
     if (!extended) {
       // Other streams' cached frees, and whatever completed since the pool last looked.
       for (auto& [id, other] : states_) flush_cache(*other);
-      settle_all(options_.reuse.opportunistic);
+      settle_all(options_.reuse.opportunistic, s);
       extended = extend(b, n, st);
     }
     if (!extended) return 0;
@@ -303,11 +312,24 @@ class pool_core final : public completion_listener {
 
   // --- physical memory -----------------------------------------------------------------------
 
+  /// True while a free may still be running on the device: a cached or pending block whose free
+  /// is not known to have executed. Closing a pool waits for the device while this is true.
+  bool frees_in_flight() {
+    std::lock_guard lock(mutex_);
+    bool in_flight = false;
+    for (auto& [id, st] : states_) {
+      flush_cache(*st);
+      settle(*st, /*query_events=*/true, stream_key{});
+      in_flight = in_flight || !st->pending.empty();
+    }
+    return in_flight;
+  }
+
   /// Releases free physical memory until at most `keep` bytes of it remain (whole chunks only,
   /// and only memory whose frees are known to have completed).
   void trim_to(std::uint64_t keep) {
     std::lock_guard lock(mutex_);
-    settle_all(/*query_events=*/true);
+    settle_all(/*query_events=*/true, stream_key{});
     release_free_chunks(keep);
   }
 
@@ -337,10 +359,10 @@ class pool_core final : public completion_listener {
       std::lock_guard lock(mutex_);
       if (stream == 0) {  // every stream
         for (auto& [id, st] : states_) flush_cache(*st);
-        settle_all(false);
+        settle_all(false, stream_key{});
       } else if (auto it = states_.find(stream); it != states_.end()) {
         flush_cache(*it->second);
-        settle(*it->second, false);
+        settle(*it->second, false, stream_key{});
       }
       release_free_chunks(options_.release_threshold);
     } catch (...) {
@@ -464,12 +486,13 @@ class pool_core final : public completion_listener {
   std::uint64_t allocate_slow(std::uint64_t n, stream_state& st, stream_key s, placement where) {
     std::lock_guard lock(mutex_);
     flush_cache(st);
+    if (!st.record->handle_stable()) cover_pending(st, s);
     block* b = find_usable(n, st);
     if (b == nullptr) {
       // Others' cached frees, and whatever completed since we last looked.
       // Including this stream's own pending frees: once known complete they may be remapped.
       for (auto& [id, other] : states_) flush_cache(*other);
-      settle_all(options_.reuse.opportunistic);
+      settle_all(options_.reuse.opportunistic, s);
       b = find_usable(n, st);
     }
     if (b == nullptr) b = join_adjacent(n, st);
@@ -650,22 +673,34 @@ class pool_core final : public completion_listener {
     arena_.recycle(x);
   }
 
+  /// The handle through which the pool may reach `st`'s stream now: its own when the stream's
+  /// record says it stays valid, else the caller's when the caller is that stream (given in this
+  /// call, on this thread), else none (see "Stream handles" at the top).
+  static void* handle_now(const stream_state& st, const stream_key& caller) noexcept {
+    if (st.native != nullptr && st.record->handle_stable()) return st.native;
+    if (caller.record == st.record) return caller.native;
+    return nullptr;
+  }
+
   /// Moves a stream's pending blocks whose frees are known complete to the clear bins.
-  /// With `query_events`, asks the device about the pool's own events on the stream first.
-  void settle(stream_state& st, bool query_events) {
-    if (query_events && st.native != nullptr && !st.pending.empty() && st.newest_stamp > st.record->completed()) {
+  /// With `query_events`, asks the device about the pool's own events on the stream first,
+  /// and about the stream itself where its handle may be used now (`caller`: the stream of the
+  /// call in progress, if any).
+  void settle(stream_state& st, bool query_events, const stream_key& caller) {
+    void* const native = query_events ? handle_now(st, caller) : nullptr;
+    if (native != nullptr && !st.pending.empty() && st.newest_stamp > st.record->completed()) {
       // An idle stream has executed everything enqueued before the question, frees included:
       // the cheapest proof there is (one query), and complete, where an event only covers the
       // frees made before it was recorded.
       const std::uint64_t point = st.record->begin_synchronize();
-      if (backend_.idle({st.record, st.native})) ordering().complete_stream_quietly(*st.record, point);
+      if (backend_.idle({st.record, native})) ordering().complete_stream_quietly(*st.record, point);
     }
     if (query_events) {
       // Record an event covering the frees made since the last one, so a later look can tell.
       // One event per stream per look, not one per free.
-      if (st.native != nullptr && !st.pending.empty() && st.newest_stamp > st.last_event_epoch &&
+      if (native != nullptr && !st.pending.empty() && st.newest_stamp > st.last_event_epoch &&
           st.newest_stamp > st.record->completed()) {
-        stream_key k{st.record, st.native};
+        stream_key k{st.record, native};
         clock_snapshot point = st.record->capture();
         st.events.push_back({backend_.record(k), point.epoch});
         st.last_event_epoch = point.epoch;
@@ -690,6 +725,20 @@ class pool_core final : public completion_listener {
     for (block* b : ready) make_clear(b);
   }
 
+  /// Records an event on `s` (the stream of the call in progress, whose state is `st`) covering
+  /// its pending frees not yet covered by one. For a stream whose handle the pool may not use
+  /// later (raw, per-thread) this is the only way other streams ever learn that those frees ran
+  /// without a host synchronization. At most one event per slow-path call.
+  void cover_pending(stream_state& st, const stream_key& s) {
+    if (s.native == nullptr || st.pending.empty() || st.newest_stamp <= st.last_event_epoch ||
+        st.newest_stamp <= st.record->completed()) {
+      return;
+    }
+    clock_snapshot point = st.record->capture();
+    st.events.push_back({backend_.record(s), point.epoch});
+    st.last_event_epoch = point.epoch;
+  }
+
   void make_clear(block* b) {
     set_state(b, block_state::clear);
     b->stream = 0;
@@ -698,10 +747,8 @@ class pool_core final : public completion_listener {
     clear_.insert(b);
   }
 
-  void settle_all(bool query_events, stream_state* except = nullptr) {
-    for (auto& [id, st] : states_) {
-      if (st.get() != except) settle(*st, query_events);
-    }
+  void settle_all(bool query_events, const stream_key& caller) {
+    for (auto& [id, st] : states_) settle(*st, query_events, caller);
   }
 
   // --- growth, defragmentation, release --------------------------------------------------------
@@ -1112,21 +1159,35 @@ class pool_core final : public completion_listener {
   /// usable. Tries streams in turn; each costs an event record and a stream wait.
   block* wait_for_pending(std::uint64_t n, stream_state& st, stream_key s) {
     for (auto& [id, other] : states_) {
-      if (other.get() == &st || other->pending.empty() || other->native == nullptr) continue;
+      if (other.get() == &st || other->pending.empty()) continue;
       if (other->pending.largest() < n) continue;
-      stream_key k{other->record, other->native};
-      clock_snapshot point = other->record->capture();
-      event ev = backend_.record(k);
+      std::uint64_t limit = 0;
+      if (void* native = handle_now(*other, stream_key{})) {
+        stream_key k{other->record, native};
+        clock_snapshot point = other->record->capture();
+        event ev = backend_.record(k);
+        other->events.push_back({ev, point.epoch});
+        other->last_event_epoch = std::max(other->last_event_epoch, point.epoch);
+        limit = point.epoch;
+      } else if (!other->events.empty()) {
+        // A stream whose handle may not be used now (raw, per-thread): the newest event the
+        // pool recorded on it while it was in hand covers the frees made before it.
+        limit = other->events.back().epoch;
+      } else {
+        continue;
+      }
+      if (other->pending.largest() < n) continue;
+      block* b = other->pending.find(n, [limit](block* x) { return x->stamp <= limit; });
+      if (b == nullptr) continue;
+      event& ev = other->events.back().ev;
       if (s.native != nullptr) {
         backend_.wait(s, ev);
       } else {
         backend_.synchronize(ev);  // a synchronous allocation: the host waits instead
       }
-      st.record->wait_for(point);  // recorded whatever the policies: it is a real ordering
-      other->events.push_back({ev, point.epoch});
-      other->last_event_epoch = std::max(other->last_event_epoch, point.epoch);
-      const std::uint64_t limit = point.epoch;
-      if (block* b = other->pending.find(n, [limit](block* x) { return x->stamp <= limit; })) return b;
+      // Recorded whatever the policies: it is a real ordering.
+      st.record->wait_for(clock_snapshot{other->record->id(), limit, {}});
+      return b;
     }
     return nullptr;
   }

@@ -29,11 +29,23 @@ struct test_stream {
   stream_key key() const { return {record, native}; }
 };
 
-test_stream make_stream() {
+/// A stream whose handle stays valid (a streamalloc `stream`), or with `stable == false` a raw
+/// handle the pool may use only during a call given it.
+test_stream make_stream(bool stable = true) {
   static std::uint64_t next = 1ull << 52;
   static char handles[4096];
   const std::uint64_t id = ++next;
-  return {&ordering().record(id), &handles[id % 4096]};
+  stream_record& r = ordering().record(id);
+  if (stable) r.mark_handle_stable();
+  return {&r, &handles[id % 4096]};
+}
+
+/// Another stream behind the same handle value: a raw stream created after `old` was destroyed
+/// (CUDA hands the value out again), or the per-thread default stream of another thread.
+test_stream same_handle(const test_stream& old) {
+  test_stream s = make_stream(false);
+  s.native = old.native;
+  return s;
 }
 
 struct fixture {
@@ -121,6 +133,113 @@ TEST_CASE("opportunistic: reuse once the free has executed on the device, never 
     f.dev->run(a.native);  // the device passes the free
     const auto q2 = f.pool->allocate(2 * MiB, b.key());
     CHECK((q2 == p) == policy);
+  }
+}
+
+TEST_CASE("a raw stream destroyed with a pending free: its handle's next owner proves nothing") {
+  core_options o;
+  o.chunk_size = 2 * MiB;
+  fixture f(o);
+  auto a = make_stream(false);
+  const auto p = f.pool->allocate(2 * MiB, a.key());
+  f.dev->busy.insert(a.native);  // a kernel on a still uses p
+  f.pool->deallocate(p, a.key());
+  // a is destroyed; the next stream created gets its handle value, and is idle.
+  auto b = same_handle(a);
+  f.dev->busy.erase(b.native);
+  auto c = make_stream();
+  CHECK(f.pool->allocate(2 * MiB, b.key()) != p);
+  CHECK(f.pool->allocate(2 * MiB, c.key()) != p);
+  CHECK(f.pool->statistics().free_pending == 2 * MiB);
+  // A device-wide synchronization covers every stream, destroyed ones included.
+  f.dev->run_all();
+  const auto points = ordering().begin_synchronize_all();
+  ordering().complete_all(points);
+  CHECK(f.pool->allocate(2 * MiB, c.key()) == p);
+}
+
+TEST_CASE("per-thread default streams: one thread's idle stream proves nothing of another's") {
+  // Both threads pass the same handle value; each value names the calling thread's stream.
+  core_options o;
+  o.chunk_size = 2 * MiB;
+  for (bool follow : {true, false}) {
+    CAPTURE(follow);
+    o.reuse = {follow, true, true};
+    fixture f(o);
+    auto thread_a = make_stream(false);
+    const auto p = f.pool->allocate(2 * MiB, thread_a.key());
+    f.dev->busy.insert(thread_a.native);  // thread a's kernel runs
+    f.pool->deallocate(p, thread_a.key());
+    auto thread_b = same_handle(thread_a);
+    f.dev->busy.erase(thread_b.native);  // seen from thread b, "the" stream is idle
+    CHECK(f.pool->allocate(2 * MiB, thread_b.key()) != p);
+    CHECK(f.dev->waits.empty());  // no wait made through a handle naming another stream
+  }
+}
+
+TEST_CASE("raw streams: frees are covered by an event recorded during the stream's own call") {
+  core_options o;
+  o.chunk_size = 2 * MiB;
+  o.reuse = {false, true, false};
+  fixture f(o);
+  auto a = make_stream(false), b = make_stream();
+  const auto p = f.pool->allocate(2 * MiB, a.key());
+  f.dev->busy.insert(a.native);
+  f.pool->deallocate(p, a.key());
+  const auto events_before = f.dev->live_events;
+  CHECK(f.pool->allocate(2 * MiB, b.key()) != p);  // b cannot ask a: a's handle is not in hand
+  CHECK(f.dev->live_events == events_before);
+  (void)f.pool->allocate(4 * MiB, a.key());  // a's own slow path records an event on a
+  CHECK(f.dev->live_events == events_before + 1);
+  CHECK(f.pool->allocate(2 * MiB, b.key()) != p);  // not run yet
+  f.dev->run(a.native);
+  CHECK(f.pool->allocate(2 * MiB, b.key()) == p);  // the event has completed: opportunistic
+}
+
+TEST_CASE("internal dependencies on a raw stream wait on an event recorded while it was in hand") {
+  core_options o;
+  o.max_size = 8 * MiB;
+  o.chunk_size = 2 * MiB;
+  o.reuse = {false, false, true};
+  fixture f(o);
+  auto a = make_stream(false), b = make_stream();
+  const auto p = f.pool->allocate(6 * MiB, a.key());
+  const auto q = f.pool->allocate(2 * MiB, a.key());
+  f.pool->deallocate(p, a.key());
+  f.pool->deallocate(q, a.key());
+  // No event covers a's frees: b cannot wait on a through a's handle, so it fails.
+  CHECK_THROWS_AS((void)f.pool->allocate(6 * MiB, b.key()), core_out_of_memory);
+  CHECK(f.dev->waits.empty());
+  // a's own slow path covers its frees with an event; now b may wait on that event.
+  const auto small = f.pool->allocate(1 * MiB, a.key());
+  const auto r = f.pool->allocate(6 * MiB, b.key());  // memory a freed (p, with q's rest)
+  CHECK(r + 6 * MiB > p);
+  CHECK(r < p + 6 * MiB);
+  CHECK(f.pool->statistics().reserved_current == 8 * MiB);
+  REQUIRE(f.dev->waits.size() == 1);
+  CHECK(f.dev->waits[0] == std::pair<void*, void*>{b.native, a.native});
+  f.pool->deallocate(small, a.key());
+}
+
+TEST_CASE("frees_in_flight: true until the device is known to have run every free") {
+  core_options o;
+  o.chunk_size = 2 * MiB;
+  for (bool stable : {true, false}) {
+    CAPTURE(stable);
+    fixture f(o);
+    auto a = make_stream(stable);
+    const auto p = f.pool->allocate(2 * MiB, a.key());
+    CHECK_FALSE(f.pool->frees_in_flight());
+    f.dev->busy.insert(a.native);
+    f.pool->deallocate(p, a.key());  // into a's fast cache
+    CHECK(f.pool->frees_in_flight());
+    f.dev->run(a.native);
+    // A stable stream is asked (an event, then the next look sees it done); a raw one cannot
+    // be: only a host synchronization tells.
+    (void)f.pool->frees_in_flight();
+    CHECK(f.pool->frees_in_flight() == !stable);
+    host_sync(*f.dev, a);
+    CHECK_FALSE(f.pool->frees_in_flight());
   }
 }
 
