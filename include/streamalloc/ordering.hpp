@@ -117,7 +117,13 @@ inline std::string unproven(const stream_order& proof, stream_record& from, std:
   }
   // Vector clocks also see orderings through other streams (a before b before c).
   if (to->ordered_after(from.id()) >= last_use || from.completed() >= last_use) return {};
-  if (proof.earlier_stream() == 0) return "the event was recorded with a raw CUDA call: streamalloc cannot check it";
+  // Stream 0: the event waited for has no record made through streamalloc (a raw cudaEvent_t,
+  // recorded by a raw CUDA call if at all, or a streamalloc event not recorded yet).
+  if (proof.earlier_stream() == 0) {
+    return "the token waited on an event never recorded through streamalloc (a raw cudaEvent_t, recorded by a raw "
+           "CUDA call if at all, or a streamalloc event not recorded yet): streamalloc cannot check what it orders; "
+           "wait on a streamalloc event recorded after the memory's last use, or use order_after";
+  }
   if (proof.earlier_stream() != from.id()) {
     return "the token orders after " + stream_name(proof.earlier_stream()) + ", but the memory was last used on " +
            stream_name(from.id());

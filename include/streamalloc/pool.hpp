@@ -56,7 +56,11 @@ struct reuse_policy {
 struct pool_properties {
   /// Where the memory lives: a device, or a host NUMA node (readable and writable by the host).
   memory_location location = memory_location::device(0);
-  /// The most physical memory the pool may hold; 0 for no limit but the device's.
+  /// The most physical memory the pool may hold; 0 for no limit but the device's. The pool
+  /// holds whole granules of physical memory, so a size off the allocation granularity is
+  /// rounded down to it (3 MiB with a 2 MiB granularity holds at most 2 MiB), and
+  /// `pool::properties().max_size` gives the rounded value. Below one granule, or above 2^50
+  /// bytes, it is refused.
   std::size_t max_size = 0;
   /// Free physical memory the pool keeps at synchronization points; the rest goes back to the
   /// driver. 0 (the default, as for cudaMemPool_t) keeps nothing; SIZE_MAX keeps everything.
@@ -77,8 +81,10 @@ struct pool_properties {
   /// Handle types the pool's memory can be exported as (kept for IPC).
   shareable_handle_type handle_types = shareable_handle_type::none;
   /// Virtual addresses to reserve up front; 0: four times the maximum size, or four times the
-  /// memory of the location. Defragmentation and growth in place need addresses beyond the
-  /// physical memory.
+  /// memory of the location (at most 2^50 bytes). Defragmentation and growth in place need
+  /// addresses beyond the physical memory, and the pool never grows past them: each growth
+  /// maps a chunk (`chunk_size`) or a large request whole into unmapped addresses. Above 2^50
+  /// bytes it is refused (no device's address space is that large).
   std::size_t address_space = 0;
 };
 
@@ -115,6 +121,15 @@ class out_of_memory : public std::bad_alloc {
  private:
   std::size_t requested_;
   std::string message_;
+};
+
+/**
+ * @brief A pool was used after `close()`: its memory and addresses are gone. `what()` names
+ * the member that was called.
+ */
+class pool_closed : public std::logic_error {
+ public:
+  using std::logic_error::logic_error;
 };
 
 /// What was left when a pool was closed.
@@ -164,6 +179,27 @@ inline pool_directory& pools() {
 
 inline stream_key key_of(stream_ref s) { return {&s.record(), s.get()}; }
 
+/// A closing pool stops being any device's current pool (defined after `pool`).
+inline void forget_current_pool(pool* p) noexcept;
+
+/// The largest `max_size`, `address_space` or `chunk_size` a pool accepts: 2^50 bytes (1 PiB).
+/// No device addresses that much (Hopper's virtual address space is 2^49 bytes), and keeping
+/// sizes far below 2^64 leaves the pool's arithmetic (four times the size, rounding up to the
+/// granularity) free of overflow.
+inline constexpr std::size_t max_pool_bytes = std::size_t{1} << 50;
+
+/// The handle types streamalloc knows; any other bit is refused when a pool is made.
+inline constexpr unsigned known_handle_types =
+    static_cast<unsigned>(shareable_handle_type::posix_fd) | static_cast<unsigned>(shareable_handle_type::fabric);
+
+/// "posix_fd", "posix_fd | fabric", for messages.
+inline std::string handle_type_names(shareable_handle_type t) {
+  std::string s;
+  if (has_handle_type(t, shareable_handle_type::posix_fd)) s = "posix_fd";
+  if (has_handle_type(t, shareable_handle_type::fabric)) s += s.empty() ? "fabric" : " | fabric";
+  return s.empty() ? "none" : s;
+}
+
 /// The pseudo-stream of synchronous allocations: no CUDA stream, and every free on it is
 /// complete when made (the caller promises no work uses the memory any more), so what it
 /// frees is reusable by every stream as soon as the pool looks.
@@ -198,11 +234,15 @@ inline stream_key host_key() {
 class pool {
  public:
   /**
-   * @brief Makes a pool.
+   * @brief Makes a pool. Everything the properties ask of the device is checked here, not at
+   * the first allocation: the pool creates and releases one granule of physical memory with
+   * them, so a location or handle type the driver refuses fails now.
    * @throws std::invalid_argument for properties that cannot work (a chunk size off the
-   *         granularity, a maximum below one chunk of granularity...)
+   *         granularity, a maximum below one granule, a size above 2^50 bytes, unknown handle
+   *         type bits...)
    * @throws not_supported when the location or a handle type is unsupported
-   * @throws driver_unavailable, cuda_error
+   * @throws driver_unavailable, cuda_error (also when the driver refuses the location or the
+   *         handle types, saying which)
    */
   explicit pool(pool_properties props = {}) : props_(props) {
     require_driver();
@@ -210,6 +250,12 @@ class pool {
     device_ = device;
     if (props.location.is_device() && props.location.id() >= device_count()) {
       throw std::invalid_argument("streamalloc::pool: there is no device " + std::to_string(props.location.id()));
+    }
+    check_sizes(props);
+    if ((static_cast<unsigned>(props.handle_types) & ~detail::known_handle_types) != 0) {
+      throw std::invalid_argument("streamalloc::pool: pool_properties::handle_types " +
+                                  std::to_string(static_cast<unsigned>(props.handle_types)) +
+                                  " has bits no shareable_handle_type names (posix_fd, fabric)");
     }
     require_location(props.location, device);
     if (props.handle_types != shareable_handle_type::none && props.location.is_device()) {
@@ -225,9 +271,13 @@ class pool {
       throw std::invalid_argument("streamalloc::pool: max_size " + std::to_string(props.max_size) +
                                   " is below the allocation granularity " + std::to_string(g));
     }
+    // Physical memory comes in granules: a limit between two holds the smaller, so that the
+    // pool never holds more than max_size.
+    props_.max_size = props.max_size / g * g;
+    probe(props.location, opts, g);
     std::size_t space = props.address_space;
     if (space == 0) {
-      std::size_t physical = props.max_size;
+      std::size_t physical = props_.max_size;
       if (physical == 0) {
         physical = props.location.is_device()
                        ? device_memory(device).total
@@ -235,12 +285,13 @@ class pool {
       }
       // Room for runs to grow in place (large allocations start in the middle of free
       // addresses) and for defragmentation to remap into: addresses cost nothing until mapped.
-      space = 4 * physical;
+      // Capped, so that neither a huge memory nor the product overflows.
+      space = physical > detail::max_pool_bytes / 4 ? detail::max_pool_bytes : 4 * physical;
     }
     std::vector<access_descriptor> access{{props.location, access_flags::read_write}};
     if (props.location.is_host()) access.push_back({memory_location::device(device), access_flags::read_write});
     detail::core_options o;
-    o.max_size = props.max_size;
+    o.max_size = props_.max_size;
     o.release_threshold = props.release_threshold;
     o.chunk_size = props.compact && props.chunk_size == 0 ? g : props.chunk_size;
     o.own_chunk_for_large = !props.compact;
@@ -268,18 +319,23 @@ class pool {
   }
 
   /**
-   * @brief Releases everything now and reports what was never freed. Pending frees are
-   * waited for; if allocations are still live, the device is synchronized first so no work
-   * still uses the memory. The pool cannot be used afterwards.
+   * @brief Releases everything now and reports what was never freed. Work ordered before the
+   * pool's frees is waited for: when a free may still be running on the device, or allocations
+   * are still live, the host first synchronizes with the device whose streams use the memory,
+   * so nothing is unmapped under running work. The pool cannot be used afterwards (every
+   * member but `closed`, `owns`, `properties`, `location`, `device` and `close` throws
+   * `pool_closed`); if it is some device's current pool, that device's default pool becomes
+   * current again.
    */
   pool_close_report close() noexcept {
     if (!core_) return {};
     detail::pools().remove(this);
+    detail::forget_current_pool(this);
     const auto live = core_->statistics().live_allocations;
-    if (live != 0 && props_.location.is_device()) {
+    if (live != 0 || core_->frees_in_flight()) {
       try {
-        synchronize_device(props_.location.id());
-      } catch (...) {
+        synchronize_device(device_);
+      } catch (...) {  // a lost context: no work of it runs any more
       }
     }
     const auto [count, bytes] = core_->shutdown();
@@ -287,21 +343,27 @@ class pool {
     return {static_cast<std::size_t>(count), static_cast<std::size_t>(bytes)};
   }
 
+  /// True once `close()` has run: the pool then holds nothing and refuses every use.
+  [[nodiscard]] bool closed() const noexcept { return core_ == nullptr; }
+
   /**
    * @brief Allocates `bytes` in the order of stream `s`: usable by work enqueued on `s` after
    * this call, and by other streams once they are ordered after it. Never blocks the host or
    * synchronizes the device. Aligned to 256 bytes. `bytes == 0` returns nullptr.
    * @param where for a request of at least the chunk size that makes the pool grow: packed
    *        with the other large allocations (fastest), or with room to grow in place after it
-   * @throws out_of_memory when the pool is at its maximum size or the device has no memory
+   * @throws out_of_memory when the pool is at its maximum size, the device has no memory, or
+   *         the pool's addresses (`pool_properties::address_space`) are used up (then it says so)
    * @throws std::invalid_argument when `s` belongs to a device that cannot use the pool's
    *         memory (another device than a device pool's; for a host pool, another device than
    *         the one it was made for)
+   * @throws pool_closed after `close()`
    */
   [[nodiscard]] void* allocate(std::size_t bytes, stream_ref s, placement where = placement::packed) {
+    if (!core_) [[unlikely]] throw_closed("allocate");
     if (bytes == 0) return nullptr;
     const detail::stream_key key = detail::key_of(s);
-    if (key.record->device() != device_) [[unlikely]] throw_wrong_device(key.record->device());
+    if (key.record->device() != device_) [[unlikely]] throw_wrong_device("allocate", key.record->device());
     return allocate_keyed(bytes, key, where);
   }
 
@@ -310,11 +372,16 @@ class pool {
    * use it; every other stream that used it must be ordered before this point. nullptr is
    * ignored.
    * @throws std::invalid_argument, changing nothing, when `p` is not a live allocation of this
-   *         pool (a foreign pointer, an interior pointer, or a double free)
+   *         pool (a foreign pointer, an interior pointer, or a double free), or when `s`
+   *         belongs to another device than the one `allocate` takes streams of
+   * @throws pool_closed after `close()` (the memory is gone already)
    */
   void deallocate(void* p, stream_ref s) {
+    if (!core_) [[unlikely]] throw_closed("deallocate");
     if (p == nullptr) return;
-    core_->deallocate(reinterpret_cast<std::uint64_t>(p), detail::key_of(s));
+    const detail::stream_key key = detail::key_of(s);
+    if (key.record->device() != device_) [[unlikely]] throw_wrong_device("deallocate", key.record->device());
+    core_->deallocate(reinterpret_cast<std::uint64_t>(p), key);
   }
 
   /**
@@ -322,16 +389,21 @@ class pool {
    * the memory is usable at once by every stream, and by the host for a host pool. It never
    * comes from memory whose free may still be pending on a stream; when only such memory is
    * left, the host waits for the frees (so this may block). `bytes == 0` returns nullptr.
-   * @throws out_of_memory
+   * @throws out_of_memory, pool_closed
    */
-  [[nodiscard]] void* allocate_sync(std::size_t bytes) { return allocate_keyed(bytes, detail::host_key()); }
+  [[nodiscard]] void* allocate_sync(std::size_t bytes) {
+    if (!core_) [[unlikely]] throw_closed("allocate_sync");
+    return allocate_keyed(bytes, detail::host_key());
+  }
 
   /**
    * @brief Frees `p` now (like `cudaFree`, without its synchronization): the caller promises
    * that no work still uses it; the memory is reusable at once by every stream.
    * @throws std::invalid_argument, changing nothing, for a pointer that is not live here
+   * @throws pool_closed after `close()`
    */
   void deallocate_sync(void* p) {
+    if (!core_) [[unlikely]] throw_closed("deallocate_sync");
     if (p == nullptr) return;
     core_->deallocate(reinterpret_cast<std::uint64_t>(p), detail::host_key());
   }
@@ -345,8 +417,10 @@ class pool {
    *         after it are taken (nothing changed: allocate, copy and free instead). A large
    *         allocation made with `placement::room_to_grow` has unused addresses after it.
    * @throws std::invalid_argument when `p` is not a live allocation of this pool
+   * @throws pool_closed after `close()`
    */
   std::size_t grow_in_place(void* p, std::size_t bytes, stream_ref s) {
+    if (!core_) [[unlikely]] throw_closed("grow_in_place");
     if (bytes > (std::size_t{1} << 62)) [[unlikely]] return 0;
     return static_cast<std::size_t>(core_->grow_in_place(reinterpret_cast<std::uint64_t>(p), bytes, detail::key_of(s)));
   }
@@ -356,18 +430,21 @@ class pool {
    * in the order of `s` (work enqueued on `s` before may still use it; reusable by `s` at once).
    * @return the allocation's new size (a multiple of 256, at least 256)
    * @throws std::invalid_argument when `p` is not a live allocation of this pool
+   * @throws pool_closed after `close()`
    */
   std::size_t shrink_in_place(void* p, std::size_t bytes, stream_ref s) {
+    if (!core_) [[unlikely]] throw_closed("shrink_in_place");
     return static_cast<std::size_t>(core_->shrink_in_place(reinterpret_cast<std::uint64_t>(p), bytes, detail::key_of(s)));
   }
 
-  /// True if `p` lies in the pool's address range (live or not).
+  /// True if `p` lies in the pool's address range (live or not); false once the pool is closed.
   [[nodiscard]] bool owns(const void* p) const noexcept {
     return core_ && core_->owns(reinterpret_cast<std::uint64_t>(p));
   }
 
+  /// @throws pool_closed after `close()`
   [[nodiscard]] pool_statistics statistics() const {
-    const auto c = core_->statistics();
+    const auto c = core("statistics").statistics();
     pool_statistics s;
     s.reserved_current = c.reserved_current;
     s.reserved_high = c.reserved_high;
@@ -381,61 +458,155 @@ class pool {
     s.remapped_chunks = c.remapped_chunks;
     return s;
   }
-  /// Resets the high-water marks to the current values.
-  void reset_high_water() { core_->reset_high_water(); }
+  /// Resets the high-water marks to the current values. @throws pool_closed after `close()`
+  void reset_high_water() { core("reset_high_water").reset_high_water(); }
 
   /**
    * @brief Gives free physical memory back to the driver until at most `keep` bytes of it
    * remain. Only whole free chunks go, and only memory whose frees are known to have executed
    * (synchronize first to release everything).
+   * @throws pool_closed after `close()`
    */
-  void trim_to(std::size_t keep) { core_->trim_to(keep); }
+  void trim_to(std::size_t keep) { core("trim_to").trim_to(keep); }
 
   /**
    * @brief A synchronization point for the pool: blocks the host until the device has finished
    * all work (all devices', for a host pool), so every free made before is reusable by every
    * stream, then applies the release threshold.
    * @return for a device pool, the proof that the host saw the device's work finish
-   * @throws cuda_error
+   * @throws cuda_error, pool_closed
    */
   host_order synchronize() {
+    if (!core_) [[unlikely]] throw_closed("synchronize");
     if (props_.location.is_device()) return synchronize_device(props_.location.id());
     host_order last = synchronize_device(0);
     for (int d = 1; d < device_count(); ++d) last = synchronize_device(d);
     return last;
   }
 
+  /// @throws pool_closed after `close()`
   void set_release_threshold(std::size_t bytes) {
+    core("set_release_threshold").set_release_threshold(bytes);
     props_.release_threshold = bytes;
-    core_->set_release_threshold(bytes);
   }
+  /// @throws pool_closed after `close()`
   void set_reuse_policy(reuse_policy r) {
+    core("set_reuse_policy").set_reuse({r.follow_event_dependencies, r.opportunistic, r.internal_dependencies});
     props_.reuse = r;
-    core_->set_reuse({r.follow_event_dependencies, r.opportunistic, r.internal_dependencies});
   }
 
+  /// The properties as the pool applies them (`max_size` rounded down to the granularity).
   [[nodiscard]] const pool_properties& properties() const noexcept { return props_; }
   [[nodiscard]] memory_location location() const noexcept { return props_.location; }
   /// The device whose streams allocate here and whose kernels use the memory (a device pool's
   /// own; for a host pool, the device it was made for).
   [[nodiscard]] int device() const noexcept { return device_; }
-  /// The allocation granularity of the pool's memory.
-  [[nodiscard]] std::size_t granularity() const noexcept { return core_->granularity(); }
+  /// The allocation granularity of the pool's memory. @throws pool_closed after `close()`
+  [[nodiscard]] std::size_t granularity() const { return core("granularity").granularity(); }
 
   /// The live allocation containing `p`: its start and size; nullopt if none.
+  /// @throws pool_closed after `close()`
   [[nodiscard]] std::optional<std::pair<void*, std::size_t>> find_allocation(const void* p) {
-    auto r = core_->find_live(reinterpret_cast<std::uint64_t>(p));
+    auto r = core("find_allocation").find_live(reinterpret_cast<std::uint64_t>(p));
     if (!r) return std::nullopt;
     return std::pair{reinterpret_cast<void*>(r->first), static_cast<std::size_t>(r->second)};
   }
 
  private:
-  [[noreturn]] STREAMALLOC_COLD void throw_wrong_device(int stream_device) const {
-    throw std::invalid_argument("streamalloc::pool::allocate: the stream belongs to device " +
+  /// The core, for a member that is not on an allocation's path; throws once closed.
+  detail::vmm_pool_core& core(const char* member) const {
+    if (!core_) [[unlikely]] throw_closed(member);
+    return *core_;
+  }
+
+  [[noreturn]] STREAMALLOC_COLD static void throw_closed(const char* member) {
+    throw pool_closed(std::string("streamalloc::pool::") + member +
+                      ": the pool is closed (close() released its memory and addresses)");
+  }
+
+  [[noreturn]] STREAMALLOC_COLD void throw_wrong_device(const char* member, int stream_device) const {
+    const std::string advice = std::string(member) == "allocate"
+                                   ? "allocate from that device's pool (streamalloc::current_pool(" +
+                                         std::to_string(stream_device) + "))"
+                                   : "free it on a stream of device " + std::to_string(device_);
+    throw std::invalid_argument(std::string("streamalloc::pool::") + member + ": the stream belongs to device " +
                                 std::to_string(stream_device) + ", but this pool's memory (" +
-                                props_.location.to_string() + ") is for device " + std::to_string(device_) +
-                                "; allocate from that device's pool (streamalloc::current_pool(" +
-                                std::to_string(stream_device) + "))");
+                                props_.location.to_string() + ") is for device " + std::to_string(device_) + "; " +
+                                advice);
+  }
+
+  /// Refuses sizes no device could serve, before anything is computed from them.
+  static void check_sizes(const pool_properties& props) {
+    const auto refuse = [](const char* name, std::size_t v) {
+      throw std::invalid_argument(std::string("streamalloc::pool: pool_properties::") + name + " " + std::to_string(v) +
+                                  " is above 2^50 bytes (1 PiB): no device address space is that large");
+    };
+    if (props.max_size > detail::max_pool_bytes) refuse("max_size", props.max_size);
+    if (props.address_space > detail::max_pool_bytes) refuse("address_space", props.address_space);
+    if (props.chunk_size > detail::max_pool_bytes) refuse("chunk_size", props.chunk_size);
+  }
+
+  /**
+   * Creates and releases one granule with the pool's properties, so that a property the
+   * driver refuses (a host NUMA node that does not exist, a handle type the device cannot
+   * create, such as fabric without its service) fails when the pool is made, not at its first
+   * allocation. A lack of memory is no fault of the properties: the pool may still be used
+   * once memory is freed.
+   */
+  static void probe(memory_location where, const allocation_options& opts, std::size_t g) {
+    try {
+      const physical_allocation granule(g, where, opts);
+    } catch (const driver_unavailable&) {
+      throw;
+    } catch (const cuda_error& e) {
+      if (e.code() == CUDA_ERROR_OUT_OF_MEMORY) return;
+      refuse_properties(e, where, opts, g);
+    }
+  }
+
+  [[noreturn]] STREAMALLOC_COLD static void refuse_properties(const cuda_error& e, memory_location where,
+                                                               const allocation_options& opts, std::size_t g) {
+    // The driver's code rarely says which property it refused: when the same location
+    // without handle types works, the handle types are at fault.
+    bool handle_types_refused = false;
+    if (opts.handle_types != shareable_handle_type::none) {
+      try {
+        physical_allocation plain(g, where, {});
+        handle_types_refused = true;
+      } catch (const cuda_error&) {
+      }
+    }
+    const std::string property =
+        handle_types_refused ? "pool_properties::handle_types (" + detail::handle_type_names(opts.handle_types) +
+                                   ") on " + where.to_string()
+                             : "pool_properties::location (" + where.to_string() + ")";
+    const std::string what = "streamalloc::pool: the driver refused " + property + ": creating one granule (" +
+                             std::to_string(g) + " bytes) with it failed when the pool was made";
+    if (dynamic_cast<const not_supported*>(&e) != nullptr) throw not_supported(what + " (" + e.what() + ")");
+    throw cuda_error(e.code(), e.call(), what);
+  }
+
+  /// The part of an out-of-memory message that blames the addresses, when they are short:
+  /// when the least the pool could have grown by for `bytes` does not fit in its unmapped
+  /// addresses (every mapped byte takes one address, so `address_space - reserved` are left
+  /// at most), growing was impossible whatever memory the device has. Addresses too
+  /// fragmented for the growth are not detected: the message then says nothing rather than
+  /// blame them wrongly.
+  std::string address_shortage(std::size_t bytes) const {
+    const auto& o = core_->options();
+    const std::uint64_t g = core_->granularity();
+    const std::uint64_t space = core_->address_space();
+    const std::uint64_t mapped = core_->statistics().reserved_current;
+    // A request of a chunk or more (outside compact pools) grows by its own size, rounded to
+    // the granularity; any other by whole chunks, at least one (fewer bytes when extending a
+    // free tail, but never less than a chunk), except under max_size, where a single granule
+    // may do.
+    std::uint64_t least = o.max_size == 0 ? o.chunk_size : g;
+    if (o.own_chunk_for_large && bytes >= o.chunk_size) least = (bytes + g - 1) / g * g;
+    if (mapped <= space && least <= space - mapped) return {};
+    return " (the pool's addresses are used up: it reserves " + std::to_string(space) + " bytes of addresses, " +
+           std::to_string(mapped) + " of them mapped, and growing for this request needs " + std::to_string(least) +
+           " more: raise pool_properties::address_space)";
   }
 
   void* allocate_keyed(std::size_t bytes, detail::stream_key key, placement where = placement::packed) {
@@ -447,7 +618,7 @@ class pool {
       return reinterpret_cast<void*>(core_->allocate(bytes, key, where));
     } catch (const detail::core_out_of_memory& e) {
       throw out_of_memory(bytes, "streamalloc: cannot allocate " + std::to_string(bytes) + " bytes from a pool on " +
-                                     props_.location.to_string() + ": " + e.reason);
+                                     props_.location.to_string() + ": " + e.reason + address_shortage(bytes));
     }
   }
 
@@ -480,6 +651,12 @@ namespace detail {
 inline std::array<std::atomic<pool*>, max_devices>& current_pools() {
   static std::array<std::atomic<pool*>, max_devices> p{};
   return p;
+}
+inline void forget_current_pool(pool* p) noexcept {
+  for (auto& slot : current_pools()) {
+    pool* expected = p;
+    slot.compare_exchange_strong(expected, nullptr, std::memory_order_acq_rel);
+  }
 }
 // The device count cannot change while the process runs: asked once, not on every allocation
 // through streamalloc::allocate.

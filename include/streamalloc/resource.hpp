@@ -25,6 +25,8 @@
 
 #include <bit>
 #include <cstddef>
+#include <cstdio>
+#include <exception>
 #include <memory_resource>
 #include <stdexcept>
 #include <string>
@@ -114,8 +116,14 @@ class pool_resource : public detail::property_tag<pool_resource<Properties...>, 
     if (alignment <= 256) return pool_->allocate_sync(bytes);
     return align_up(pool_->allocate_sync(padded(bytes, alignment)), alignment);
   }
-  /// Synchronous free: no work may still use `p`. @throws std::invalid_argument for a foreign
-  /// pointer or a double free, changing nothing
+  /**
+   * @brief Synchronous free: no work may still use `p`, which must be what `allocate` returned
+   * with the same alignment.
+   * @throws std::invalid_argument, changing nothing, for a foreign pointer, a double free, or
+   *         a pointer inside an allocation (for an alignment above 256, one that is not the
+   *         aligned pointer `allocate` returned)
+   * @throws pool_closed when the pool is closed
+   */
   void deallocate(void* p, std::size_t bytes, std::size_t alignment = 256) {
     (void)bytes;
     pool_->deallocate_sync(start_of(p, alignment));
@@ -130,7 +138,8 @@ class pool_resource : public detail::property_tag<pool_resource<Properties...>, 
     return align_up(pool_->allocate(padded(bytes, alignment), s), alignment);
   }
   [[nodiscard]] void* allocate_async(std::size_t bytes, stream_ref s) { return pool_->allocate(bytes, s); }
-  /// Free in the order of `s` (every stream that used `p` ordered before it).
+  /// Free in the order of `s` (every stream that used `p` ordered before it). `p` must be what
+  /// `allocate_async` returned with the same alignment. @throws as `deallocate`
   void deallocate_async(void* p, std::size_t bytes, std::size_t alignment, ::cuda::stream_ref s) {
     deallocate_async(p, bytes, alignment, stream_ref(s));
   }
@@ -167,10 +176,27 @@ class pool_resource : public detail::property_tag<pool_resource<Properties...>, 
     return reinterpret_cast<void*>((v + alignment - 1) & ~(std::uintptr_t{alignment} - 1));
   }
   // Over-aligned pointers may sit inside their allocation: the pool knows where it starts.
+  // Only the pointer `allocate` returned for that start is accepted, so that a pointer into
+  // the middle of an allocation does not free all of it (the pool itself refuses interior
+  // pointers, which an alignment of 256 or less passes straight to it).
   void* start_of(void* p, std::size_t alignment) const {
     if (p == nullptr || alignment <= 256) return p;
-    if (auto a = pool_->find_allocation(p)) return a->first;
-    return p;  // not live here: the pool's free says so, naming the pointer
+    detail::check_alignment(alignment, "pool_resource::deallocate");
+    auto a = pool_->find_allocation(p);
+    if (!a) return p;  // not live here: the pool's free says so, naming the pointer
+    if (align_up(a->first, alignment) != p) [[unlikely]] throw_not_returned(p, alignment, a->first);
+    return a->first;
+  }
+  [[noreturn]] STREAMALLOC_COLD static void throw_not_returned(void* p, std::size_t alignment, void* start) {
+    char buf[3][32];
+    std::snprintf(buf[0], sizeof buf[0], "%p", p);
+    std::snprintf(buf[1], sizeof buf[1], "%p", start);
+    std::snprintf(buf[2], sizeof buf[2], "%p", align_up(start, alignment));
+    throw std::invalid_argument(std::string("streamalloc::pool_resource::deallocate: ") + buf[0] +
+                                " with alignment " + std::to_string(alignment) +
+                                " is not a pointer allocate returned: it lies in the allocation at " + buf[1] +
+                                ", for which allocate returns " + buf[2] +
+                                " (free with the pointer and the alignment allocate was given)");
   }
 
   streamalloc::pool* pool_;
@@ -219,7 +245,9 @@ inline constexpr bool is_pool_resource_v<pool_resource<P...>> = true;
  * allocation is usable by the host at once, each free promises nothing uses the memory. Made
  * with a stream, it allocates and frees in that stream's order instead: the memory is then for
  * work on that stream, and the host may touch it only where nothing else on the stream does.
- * Equal to another `pmr_resource` over the same pool and stream.
+ * Equal to another `pmr_resource` over the same pool and stream. Frees never throw (containers
+ * free from destructors): a pointer the pool refuses is reported on stderr and left alone, and
+ * a free after the pool was closed does nothing.
  * @code
  * streamalloc::pool host_pool({.location = streamalloc::memory_location::host_numa(0)});
  * streamalloc::pmr_resource mr(streamalloc::host_resource(host_pool));
@@ -256,12 +284,24 @@ class pmr_resource final : public std::pmr::memory_resource {
     host_resource r(*pool_);
     return ordered_ ? r.allocate_async(n, alignment, stream_) : r.allocate(n, alignment);
   }
-  void do_deallocate(void* p, std::size_t bytes, std::size_t alignment) override {
-    host_resource r(*pool_);
-    if (ordered_) {
-      r.deallocate_async(p, bytes, alignment, stream_);
-    } else {
-      r.deallocate(p, bytes, alignment);
+  // Never throws: std::pmr containers free from their destructors, where an exception would
+  // end the program (std::terminate), and their allocators' deallocate is not expected to
+  // fail. A pointer the pool refuses (foreign, interior, a double free) is reported on stderr
+  // and left alone, as the pool's free would have left it; after the pool was closed its
+  // memory is gone already, so there is nothing to free and nothing to report.
+  void do_deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept override {
+    if (pool_->closed()) return;
+    try {
+      host_resource r(*pool_);
+      if (ordered_) {
+        r.deallocate_async(p, bytes, alignment, stream_);
+      } else {
+        r.deallocate(p, bytes, alignment);
+      }
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "streamalloc: pmr_resource: a free was refused and ignored: %s\n", e.what());
+    } catch (...) {
+      std::fprintf(stderr, "streamalloc: pmr_resource: a free was refused and ignored\n");
     }
   }
   bool do_is_equal(const std::pmr::memory_resource& other) const noexcept override {

@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <limits>
+#include <memory>
 #include <ranges>
 #include <span>
 #include <stdexcept>
@@ -169,7 +170,8 @@ class basic_stream_buffer {
   basic_stream_buffer(const basic_stream_buffer&) = delete;
   basic_stream_buffer& operator=(const basic_stream_buffer&) = delete;
 
-  /// Frees the memory in the order of `stream()` (after the streams that read it, too).
+  /// Frees the memory in the order of `stream()` (after the streams that read it, too). Once
+  /// the pool is closed it does nothing: closing released the memory already.
   ~basic_stream_buffer() { release(); }
 
   [[nodiscard]] size_type size() const noexcept { return size_; }
@@ -346,6 +348,8 @@ class basic_stream_buffer {
    * @brief Frees the memory now in the order of `s`, where `proof` shows `s` runs after the
    * buffer's last use on its stream. The buffer is empty afterwards.
    * @throws ordering_error (checks on) when the proof does not cover it
+   * @throws std::invalid_argument when `s` belongs to another device than the memory's (the
+   *         pool frees only on streams of its device)
    */
   template <class P>
   void free_on(stream_ref s, const P& proof) && {
@@ -353,6 +357,11 @@ class basic_stream_buffer {
                   "streamalloc::stream_buffer::free_on: the second argument must prove the ordering (a "
                   "stream_order or a host_order)");
     if (!(s == stream_)) {
+      if (s.device() != pool_->device()) [[unlikely]] {
+        throw std::invalid_argument("streamalloc::stream_buffer::free_on: the stream belongs to device " +
+                                    std::to_string(s.device()) + ", but the buffer's memory is for device " +
+                                    std::to_string(pool_->device()));
+      }
       detail::check_proof(proof, stream_.record(), last_use_, &s.record(), "stream_buffer::free_on");
       stream_ = s.resolved();
     }
@@ -447,6 +456,9 @@ class basic_stream_buffer {
     stream_ref stream;
     detail::stream_record* record;  // kept: the stream may be gone when the buffer is freed
     std::uint64_t stamp;
+    // For a stream whose handle may not be used later (see note_reader): an event recorded
+    // right after the read, while the handle was in hand.
+    std::unique_ptr<event> after;
   };
 
   static size_type bytes_for(size_type count) {
@@ -495,16 +507,45 @@ class basic_stream_buffer {
 
   void note_reader(stream_ref s) const {
     detail::stream_record& r = s.record();
-    readers_.push_back({s, &r, r.stamp()});
+    const std::uint64_t stamp = r.stamp();
+    // A raw stream may be destroyed before this buffer is freed, and CUDA hands its handle
+    // value to the next stream created; the per-thread default stream's handle names the
+    // stream of whichever thread uses it. Neither may be used at the free, so such a reader is
+    // covered now by an event recorded after its read.
+    std::unique_ptr<event> after;
+    if (!r.handle_stable()) after = event_after(s);
+    readers_.push_back({s, &r, stamp, std::move(after)});
+  }
+
+  /// An event recorded on `s` now, made in `s`'s context (an event is recorded only on streams
+  /// of the context it was made in).
+  static std::unique_ptr<event> event_after(stream_ref s) {
+    CUcontext ctx = nullptr;
+    detail::check(detail::cu::cuStreamGetCtx_nothrow(s.get(), &ctx), "cuStreamGetCtx");
+    detail::cu::cuCtxPushCurrent(ctx);
+    std::unique_ptr<event> e;
+    try {
+      e = std::make_unique<event>();
+    } catch (...) {
+      CUcontext popped = nullptr;
+      (void)detail::cu::cuCtxPopCurrent_nothrow(&popped);
+      throw;
+    }
+    CUcontext popped = nullptr;
+    (void)detail::cu::cuCtxPopCurrent_nothrow(&popped);
+    e->record(s);
+    return e;
   }
 
   // Streams that read the buffer through copy_from(other, proof) must be ordered before its
   // free: where streamalloc cannot see that they are, it makes the free wait for them.
   void order_readers() {
     for (const reader& r : readers_) {
-      if (r.stream == stream_) continue;
+      if (r.record == &stream_.record()) continue;  // the same stream (not merely the same handle)
       if (stream_.record().ordered_after(r.record->id()) >= r.stamp || r.record->completed() >= r.stamp) continue;
-      if (r.record->retired()) {
+      if (r.after) {
+        (void)stream_.wait(*r.after);
+      } else if (r.record->retired()) {
         // The reader's stream is gone (destroyed with work perhaps still queued) and its
         // handle may already name another stream: wait for its device instead, so the memory
         // is neither freed under a reader nor leaked.
@@ -524,6 +565,14 @@ class basic_stream_buffer {
 
   void release() noexcept {
     if (data_ == nullptr) return;
+    if (pool_->closed()) [[unlikely]] {
+      // Closing the pool released its memory (and reported this allocation): nothing is left
+      // to free, and no reader needs ordering before a free that will not happen.
+      data_ = nullptr;
+      readers_.clear();
+      size_ = capacity_ = 0;
+      return;
+    }
     try {
       free_now();
     } catch (...) {

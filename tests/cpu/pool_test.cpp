@@ -3,16 +3,22 @@
 // is complete when queried. The GPU tests check the same API on real memory.
 
 #include <streamalloc/pool.hpp>
+#include <streamalloc/resource.hpp>
 #include <streamalloc/stream.hpp>
+#include <streamalloc/stream_buffer.hpp>
 
 #include <doctest/doctest.h>
 
 #include "fake_driver.hpp"
 
 #include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <memory_resource>
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 using namespace streamalloc;
@@ -20,7 +26,38 @@ using streamalloc_test::fake_live;
 
 namespace {
 constexpr std::size_t MiB = std::size_t{1} << 20;
+
+// Sets one of the fake driver's knobs for a scope: it reads them on every call.
+class fake_knob {
+ public:
+  fake_knob(const char* name, const char* value) : name_(name) { ::setenv(name, value, 1); }
+  ~fake_knob() { ::unsetenv(name_); }
+  fake_knob(const fake_knob&) = delete;
+  fake_knob& operator=(const fake_knob&) = delete;
+
+ private:
+  const char* name_;
+};
+
+// The message of what `f` throws; empty if it throws nothing.
+template <class F>
+std::string message_of(F f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return {};
 }
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+doctest::Contains closed_in(const char* member) {
+  return doctest::Contains((std::string("streamalloc::pool::") + member + ": the pool is closed").c_str());
+}
+}  // namespace
+
+static_assert(std::is_base_of_v<std::logic_error, pool_closed>);
 
 TEST_SUITE("pool") {
   TEST_CASE("allocate, reuse on the stream, free; memory comes from mapped chunks") {
@@ -204,6 +241,266 @@ TEST_SUITE("pool") {
     CHECK(fake_live().streams == before.streams);
     CHECK(fake_live().events == before.events);
   }
+
+  TEST_CASE("a closed pool refuses every use with pool_closed, naming the member") {
+    pool p;
+    stream s(0);
+    void* a = p.allocate(1024, s);
+    CHECK_FALSE(p.closed());
+    CHECK(p.close().live_allocations == 1);
+    CHECK(p.closed());
+    CHECK_FALSE(p.owns(a));
+    CHECK_THROWS_WITH_AS((void)p.allocate(1024, s), closed_in("allocate"), pool_closed);
+    CHECK_THROWS_WITH_AS((void)p.allocate(0, s), closed_in("allocate"), pool_closed);
+    CHECK_THROWS_WITH_AS(p.deallocate(a, s), closed_in("deallocate"), pool_closed);
+    CHECK_THROWS_WITH_AS(p.deallocate(nullptr, s), closed_in("deallocate"), pool_closed);
+    CHECK_THROWS_WITH_AS((void)p.allocate_sync(1024), closed_in("allocate_sync"), pool_closed);
+    CHECK_THROWS_WITH_AS(p.deallocate_sync(a), closed_in("deallocate_sync"), pool_closed);
+    CHECK_THROWS_WITH_AS((void)p.grow_in_place(a, 4096, s), closed_in("grow_in_place"), pool_closed);
+    CHECK_THROWS_WITH_AS((void)p.shrink_in_place(a, 256, s), closed_in("shrink_in_place"), pool_closed);
+    CHECK_THROWS_WITH_AS((void)p.statistics(), closed_in("statistics"), pool_closed);
+    CHECK_THROWS_WITH_AS(p.reset_high_water(), closed_in("reset_high_water"), pool_closed);
+    CHECK_THROWS_WITH_AS(p.trim_to(0), closed_in("trim_to"), pool_closed);
+    CHECK_THROWS_WITH_AS((void)p.synchronize(), closed_in("synchronize"), pool_closed);
+    CHECK_THROWS_WITH_AS(p.set_release_threshold(SIZE_MAX), closed_in("set_release_threshold"), pool_closed);
+    CHECK_THROWS_WITH_AS(p.set_reuse_policy({}), closed_in("set_reuse_policy"), pool_closed);
+    CHECK_THROWS_WITH_AS((void)p.granularity(), closed_in("granularity"), pool_closed);
+    CHECK_THROWS_WITH_AS((void)p.find_allocation(a), closed_in("find_allocation"), pool_closed);
+    // Through a ref and a resource, the same.
+    const pool_ref r(p);
+    CHECK_THROWS_WITH_AS((void)r.allocate(1024, s), closed_in("allocate"), pool_closed);
+    CHECK_THROWS_WITH_AS((void)r.statistics(), closed_in("statistics"), pool_closed);
+    device_resource mr(p);
+    CHECK_THROWS_WITH_AS((void)mr.allocate(1024, 4096), closed_in("allocate_sync"), pool_closed);
+    CHECK_THROWS_AS(mr.deallocate(a, 1024, 4096), pool_closed);
+    // A refused setter changed nothing; what needs no memory still answers.
+    CHECK(p.properties().release_threshold == 0);
+    CHECK(p.location() == memory_location::device(0));
+    CHECK(p.device() == 0);
+    CHECK(p.close().live_allocations == 0);
+    // The pool left the directory: its pointers belong to no pool any more.
+    CHECK_FALSE(find_pool(a).has_value());
+    CHECK_THROWS_WITH_AS(streamalloc::deallocate(a, s), doctest::Contains("belongs to no streamalloc pool"),
+                         std::invalid_argument);
+  }
+
+  TEST_CASE("a stream_buffer outlives its closed pool: its destruction frees nothing") {
+    const auto before = fake_live();
+    stream s(0);
+    {
+      pool p;
+      stream_buffer<int> b(1000, s, p);
+      stream_buffer<int> moved_from(10, s, p);
+      stream_buffer<int> taker(std::move(moved_from));
+      CHECK(p.statistics().live_allocations == 2);
+      const auto r = p.close();
+      CHECK(r.live_allocations == 2);
+      CHECK(r.live_bytes == 4096 + 256);
+      // Growing needs the pool: refused, the buffer unchanged.
+      CHECK_THROWS_AS(b.resize(1 << 20), pool_closed);
+      CHECK(b.size() == 1000);
+      CHECK(b.data() != nullptr);
+    }  // b, taker and moved_from destroyed after the close: no call into the pool
+    CHECK(fake_live().mappings == before.mappings);
+    CHECK(fake_live().handles == before.handles);
+    CHECK(fake_live().used_device0 == before.used_device0);
+  }
+
+  TEST_CASE("a pool made current and then destroyed or closed is current no more") {
+    stream s(0);
+    {
+      pool mine;
+      set_current_pool(0, mine);
+      CHECK(current_pool(0) == pool_ref(mine));
+    }
+    CHECK(current_pool(0) == default_pool(0));
+    void* d = streamalloc::allocate(4096, s);
+    REQUIRE(d != nullptr);
+    CHECK(default_pool(0).owns(d));
+    CHECK(find_pool(d) == default_pool(0));
+    streamalloc::deallocate(d, s);
+    pool closed;
+    set_current_pool(0, closed);
+    (void)closed.close();
+    CHECK(current_pool(0) == default_pool(0));
+    void* e = streamalloc::allocate(4096, s);
+    CHECK(default_pool(0).owns(e));
+    streamalloc::deallocate(e, s);
+    // Another pool made current stays so when an unrelated pool goes.
+    pool kept;
+    set_current_pool(0, kept);
+    { pool other; }
+    CHECK(current_pool(0) == pool_ref(kept));
+    set_current_pool(0, default_pool(0));
+  }
+
+  TEST_CASE("pool_resource: an over-aligned free must be the pointer allocate returned") {
+    pool p;
+    stream s(0);
+    device_resource r(p);
+    void* a = r.allocate(1000, 4096);
+    REQUIRE(a != nullptr);
+    CHECK(reinterpret_cast<std::uintptr_t>(a) % 4096 == 0);
+    char* inside = static_cast<char*>(a) + 512;
+    CHECK_THROWS_WITH_AS(r.deallocate(inside, 1000, 4096),
+                         doctest::Contains("with alignment 4096 is not a pointer allocate returned"),
+                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(r.deallocate_async(inside, 1000, 4096, s),
+                         doctest::Contains("is not a pointer allocate returned"), std::invalid_argument);
+    // An interior pointer at a multiple of the alignment, as a larger allocation has them.
+    void* big = r.allocate(64 * 1024, 4096);
+    CHECK_THROWS_AS(r.deallocate(static_cast<char*>(big) + 8192, 64 * 1024, 4096), std::invalid_argument);
+    // With an alignment of 256 or less the pool itself refuses interior pointers.
+    CHECK_THROWS_WITH_AS(r.deallocate(inside, 1000, 256), doctest::Contains("points inside an allocation"),
+                         std::invalid_argument);
+    CHECK(p.statistics().live_allocations == 2);  // every refusal changed nothing
+    r.deallocate(a, 1000, 4096);
+    r.deallocate_async(big, 64 * 1024, 4096, s);
+    CHECK(p.statistics().live_allocations == 0);
+    void* b = r.allocate_async(100, 8192, s);
+    CHECK(reinterpret_cast<std::uintptr_t>(b) % 8192 == 0);
+    r.deallocate_async(b, 100, 8192, s);
+    CHECK(p.statistics().live_allocations == 0);
+  }
+
+  TEST_CASE("pmr_resource frees never throw: a refused free is reported, a closed pool's ignored") {
+    pool host_pool(pool_properties{.location = memory_location::host_numa(0)});
+    pmr_resource mr{host_resource(host_pool)};
+    std::pmr::memory_resource& base = mr;
+    void* x = base.allocate(1000, 512);
+    CHECK_NOTHROW(base.deallocate(static_cast<char*>(x) + 512, 1000, 512));  // refused, on stderr
+    CHECK_NOTHROW(base.deallocate(reinterpret_cast<void*>(0x1000), 16, 16));
+    CHECK(host_pool.statistics().live_allocations == 1);
+    base.deallocate(x, 1000, 512);
+    CHECK(host_pool.statistics().live_allocations == 0);
+    CHECK_NOTHROW(base.deallocate(x, 1000, 512));  // a double free: refused, on stderr
+    {
+      std::pmr::vector<int> v(&mr);
+      v.reserve(1000);  // no elements: the fake driver's addresses hold no memory
+      CHECK(host_pool.statistics().live_allocations == 1);
+      CHECK(host_pool.close().live_allocations == 1);
+    }  // v frees into the closed pool: nothing happens
+    CHECK(host_pool.closed());
+  }
+
+  TEST_CASE("max_size is rounded down to the granularity: the pool never holds more") {
+    REQUIRE(allocation_granularity(memory_location::device(0)) == 2 * MiB);
+    pool p(pool_properties{.max_size = 3 * MiB});
+    CHECK(p.properties().max_size == 2 * MiB);
+    stream s(0);
+    CHECK_THROWS_WITH_AS((void)p.allocate(3 * MiB + 256, s), doctest::Contains("of at most 2097152"), out_of_memory);
+    CHECK(p.statistics().reserved_current == 0);
+    void* a = p.allocate(2 * MiB, s);
+    REQUIRE(a != nullptr);
+    CHECK_THROWS_AS((void)p.allocate(256, s), out_of_memory);
+    CHECK(p.statistics().reserved_current == 2 * MiB);
+    CHECK(p.statistics().reserved_high == 2 * MiB);
+    p.deallocate(a, s);
+    // A multiple of the granularity is kept as given.
+    CHECK(pool(pool_properties{.max_size = 4 * MiB}).properties().max_size == 4 * MiB);
+  }
+
+  TEST_CASE("sizes near SIZE_MAX or 2^62 are refused up front, naming the property") {
+    const std::size_t huge[] = {SIZE_MAX, SIZE_MAX - 2 * MiB + 1, std::size_t{1} << 62,
+                                (std::size_t{1} << 50) + 2 * MiB};
+    for (const std::size_t v : huge) {
+      CAPTURE(v);
+      const std::string value = " " + std::to_string(v) + " is above 2^50 bytes";
+      CHECK_THROWS_WITH_AS(pool(pool_properties{.max_size = v}),
+                           doctest::Contains(("pool_properties::max_size" + value).c_str()), std::invalid_argument);
+      CHECK_THROWS_WITH_AS(pool(pool_properties{.address_space = v}),
+                           doctest::Contains(("pool_properties::address_space" + value).c_str()),
+                           std::invalid_argument);
+      CHECK_THROWS_WITH_AS(pool(pool_properties{.chunk_size = v}),
+                           doctest::Contains(("pool_properties::chunk_size" + value).c_str()), std::invalid_argument);
+      CHECK(contains(message_of([&] { pool q(pool_properties{.max_size = v}); }),
+                     "no device address space is that large"));
+    }
+    // A large but possible limit: four times it is reserved, computed without overflow.
+    pool big(pool_properties{.max_size = std::size_t{1} << 40});
+    CHECK(big.properties().max_size == std::size_t{1} << 40);
+    // A device reporting absurd memory: the default addresses are capped at 2^50 bytes rather
+    // than overflowing to 0 (the fake driver, like a real one, cannot reserve that much).
+    {
+      const fake_knob memory("FAKE_CUDA_DEVICE_MEMORY", std::to_string(std::size_t{1} << 62).c_str());
+      CHECK_THROWS_WITH_AS(pool(), doctest::Contains("reserving 1125899906842624 bytes of virtual addresses"),
+                           cuda_error);
+    }
+  }
+
+  TEST_CASE("properties the device cannot serve are refused when the pool is made") {
+    // Handle-type bits streamalloc does not know (2: a Windows handle).
+    CHECK_THROWS_WITH_AS(pool(pool_properties{.handle_types = static_cast<shareable_handle_type>(2)}),
+                         doctest::Contains("pool_properties::handle_types 2 has bits no shareable_handle_type names"),
+                         std::invalid_argument);
+    const auto fd_and_unknown = shareable_handle_type::posix_fd | static_cast<shareable_handle_type>(16);
+    CHECK_THROWS_AS(pool(pool_properties{.handle_types = fd_and_unknown}), std::invalid_argument);
+    const pool_properties host_fd{.location = memory_location::host_numa(0),
+                                  .handle_types = shareable_handle_type::posix_fd};
+    const auto before = fake_live();
+    {
+      const fake_knob no_fd("FAKE_CUDA_NO_POSIX_FD", "1");
+      // A device pool: the device's attributes say no.
+      CHECK_THROWS_AS(pool(pool_properties{.handle_types = shareable_handle_type::posix_fd}), not_supported);
+      // A host pool: only creating memory tells (the driver refuses cuMemCreate); the probe
+      // finds it, and that the location alone works, so it blames the handle types.
+      try {
+        pool p(host_fd);
+        FAIL("the pool was made");
+      } catch (const not_supported&) {
+        FAIL("not a capability the attributes report");
+      } catch (const cuda_error& e) {
+        CHECK(e.code() == CUDA_ERROR_INVALID_VALUE);
+        CHECK(e.call() == "cuMemCreate");
+        CHECK(contains(e.what(), "the driver refused pool_properties::handle_types (posix_fd) on host NUMA node 0"));
+      }
+    }
+    CHECK(fake_live().handles == before.handles);  // the probes were released
+    CHECK(fake_live().reservations == before.reservations);
+    // The same properties with the handle type the device has: made, the probe released.
+    {
+      pool p(host_fd);
+      CHECK(p.statistics().reserved_current == 0);
+      CHECK(fake_live().handles == before.handles);
+    }
+    // A lack of memory is no fault of the properties: the pool is made, allocations fail.
+    {
+      const fake_knob tiny("FAKE_CUDA_DEVICE_MEMORY", "1048576");
+      pool p(pool_properties{.max_size = 2 * MiB});
+      stream s(0);
+      CHECK_THROWS_AS((void)p.allocate(1024, s), out_of_memory);
+    }
+  }
+
+  TEST_CASE("an out_of_memory caused by used-up addresses says so") {
+    stream s(0);
+    {
+      // Smaller than one 64 MiB chunk: the pool can never grow.
+      pool p(pool_properties{.address_space = 8 * MiB});
+      CHECK_THROWS_WITH_AS((void)p.allocate(1024, s), doctest::Contains("raise pool_properties::address_space"),
+                           out_of_memory);
+      CHECK(contains(message_of([&] { (void)p.allocate(1024, s); }),
+                     "reserves 8388608 bytes of addresses, 0 of them mapped, and growing for this request needs "
+                     "67108864"));
+    }
+    {
+      // Large requests each take their own addresses: the second does not fit.
+      pool p(pool_properties{.address_space = 128 * MiB});
+      void* a = p.allocate(100 * MiB, s);
+      CHECK_THROWS_WITH_AS((void)p.allocate(100 * MiB, s), doctest::Contains("the pool's addresses are used up"),
+                           out_of_memory);
+      p.deallocate(a, s);
+    }
+    {
+      // At its maximum size with addresses to spare: the addresses are not blamed.
+      pool p(pool_properties{.max_size = 64 * MiB});
+      void* a = p.allocate(60 * MiB, s);
+      const std::string m = message_of([&] { (void)p.allocate(8 * MiB, s); });
+      CHECK(contains(m, "of at most 67108864"));
+      CHECK_FALSE(contains(m, "address"));
+      p.deallocate(a, s);
+    }
+  }
 }
 
 TEST_SUITE("pool_two_devices") {
@@ -221,5 +518,25 @@ TEST_SUITE("pool_two_devices") {
     void* r = p0.allocate(1024, s0);
     CHECK(r != nullptr);
     p0.deallocate(r, s0);
+  }
+
+  TEST_CASE("a stream of another device cannot free into a device's pool, changing nothing") {
+    pool p0(pool_properties{.location = memory_location::device(0)});
+    stream s0(0), s1(1);
+    void* x = p0.allocate(1024, s0);
+    CHECK_THROWS_WITH_AS(p0.deallocate(x, s1),
+                         doctest::Contains("streamalloc::pool::deallocate: the stream belongs to device 1, but this "
+                                           "pool's memory (device 0) is for device 0"),
+                         std::invalid_argument);
+    CHECK_THROWS_AS(streamalloc::deallocate(x, s1), std::invalid_argument);
+    CHECK(p0.statistics().live_allocations == 1);
+    p0.deallocate(x, s0);
+    CHECK(p0.statistics().live_allocations == 0);
+    // A stream_buffer's free_on checks before it lets go of the memory.
+    stream_buffer<int> b(100, s0, p0);
+    CHECK_THROWS_WITH_AS(std::move(b).free_on(s1, s0.synchronize()), doctest::Contains("belongs to device 1"),
+                         std::invalid_argument);
+    CHECK(b.data() != nullptr);
+    CHECK(p0.statistics().live_allocations == 1);
   }
 }
