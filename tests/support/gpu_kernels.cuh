@@ -108,3 +108,42 @@ inline unsigned long long mismatches_on(const void* p, std::size_t bytes, std::u
 }
 
 }  // namespace streamalloc_test
+
+namespace streamalloc_test {
+
+/// The GPU's global nanosecond timer. Unlike clock64 it is one clock for every SM and does not
+/// follow the SM clock rate, so a spin lasts as long on every part and at every boost state.
+__device__ inline unsigned long long global_ns() {
+  unsigned long long t = 0;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+/// Holds its stream for about `spin_ns` nanoseconds, then checks that the `n` words at `p` still
+/// hold `check_seed`'s pattern and overwrites them with `fill_seed`'s. counters[0] gets the words
+/// that did not match, counters[1] the words visited (n once the kernel ran to the end).
+///
+/// For lifetime tests: memory handed to another stream while this kernel spins shows up here
+/// (the other stream's writes came first), or in the other stream's data (this kernel's writes
+/// came last); memory unmapped or remapped while it spins makes it fault.
+__global__ inline void slow_check_fill_kernel(std::uint32_t* p, std::size_t n, std::uint32_t check_seed,
+                                              std::uint32_t fill_seed, unsigned long long spin_ns,
+                                              unsigned long long* counters) {
+  const unsigned long long start = global_ns();
+  while (global_ns() - start < spin_ns) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+    __nanosleep(1000);  // leave the issue slots to kernels that do work meanwhile
+#endif
+  }
+  unsigned long long bad = 0, seen = 0;
+  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::size_t{gridDim.x} * blockDim.x) {
+    bad += p[i] != pattern(i, check_seed) ? 1 : 0;
+    p[i] = pattern(i, fill_seed);
+    ++seen;
+  }
+  if (bad != 0) atomicAdd(&counters[0], bad);
+  if (seen != 0) atomicAdd(&counters[1], seen);
+}
+
+}  // namespace streamalloc_test
