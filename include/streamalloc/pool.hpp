@@ -422,7 +422,9 @@ class pool {
   std::size_t grow_in_place(void* p, std::size_t bytes, stream_ref s) {
     if (!core_) [[unlikely]] throw_closed("grow_in_place");
     if (bytes > (std::size_t{1} << 62)) [[unlikely]] return 0;
-    return static_cast<std::size_t>(core_->grow_in_place(reinterpret_cast<std::uint64_t>(p), bytes, detail::key_of(s)));
+    const detail::stream_key key = detail::key_of(s);
+    if (key.record->device() != device_) [[unlikely]] throw_wrong_device("grow_in_place", key.record->device());
+    return static_cast<std::size_t>(core_->grow_in_place(reinterpret_cast<std::uint64_t>(p), bytes, key));
   }
 
   /**
@@ -434,7 +436,9 @@ class pool {
    */
   std::size_t shrink_in_place(void* p, std::size_t bytes, stream_ref s) {
     if (!core_) [[unlikely]] throw_closed("shrink_in_place");
-    return static_cast<std::size_t>(core_->shrink_in_place(reinterpret_cast<std::uint64_t>(p), bytes, detail::key_of(s)));
+    const detail::stream_key key = detail::key_of(s);
+    if (key.record->device() != device_) [[unlikely]] throw_wrong_device("shrink_in_place", key.record->device());
+    return static_cast<std::size_t>(core_->shrink_in_place(reinterpret_cast<std::uint64_t>(p), bytes, key));
   }
 
   /// True if `p` lies in the pool's address range (live or not); false once the pool is closed.
@@ -528,7 +532,7 @@ class pool {
     const std::string advice = std::string(member) == "allocate"
                                    ? "allocate from that device's pool (streamalloc::current_pool(" +
                                          std::to_string(stream_device) + "))"
-                                   : "free it on a stream of device " + std::to_string(device_);
+                                   : "use a stream of device " + std::to_string(device_);
     throw std::invalid_argument(std::string("streamalloc::pool::") + member + ": the stream belongs to device " +
                                 std::to_string(stream_device) + ", but this pool's memory (" +
                                 props_.location.to_string() + ") is for device " + std::to_string(device_) + "; " +

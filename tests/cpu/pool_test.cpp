@@ -532,6 +532,14 @@ TEST_SUITE("pool_two_devices") {
     CHECK(p0.statistics().live_allocations == 1);
     p0.deallocate(x, s0);
     CHECK(p0.statistics().live_allocations == 0);
+    // Growing or shrinking in place on another device's stream is refused the same way.
+    void* y = p0.allocate(4096, s0);
+    CHECK_THROWS_WITH_AS(p0.grow_in_place(y, 8192, s1), doctest::Contains("grow_in_place: the stream belongs to device 1"),
+                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(p0.shrink_in_place(y, 1024, s1),
+                         doctest::Contains("shrink_in_place: the stream belongs to device 1"), std::invalid_argument);
+    CHECK(p0.find_allocation(y)->second == 4096);
+    p0.deallocate(y, s0);
     // A stream_buffer's free_on checks before it lets go of the memory.
     stream_buffer<int> b(100, s0, p0);
     CHECK_THROWS_WITH_AS(std::move(b).free_on(s1, s0.synchronize()), doctest::Contains("belongs to device 1"),
