@@ -245,11 +245,13 @@ class pool_core final : public completion_listener {
   /// others once ordered after). Returns the new size.
   /// Throws std::invalid_argument for a pointer that is not a live block.
   std::uint64_t shrink_in_place(std::uint64_t p, std::uint64_t bytes, stream_key s) {
-    const std::uint64_t n = round_up(bytes == 0 ? 1 : bytes, free_bins::quantum);
     stream_state& st = state_for(s);
     block* b = live_block(p, "shrink_in_place");
     std::lock_guard lock(mutex_);
     const std::uint64_t old = b->size;
+    // Compared before rounding: rounding a size within 255 of 2^64 up would wrap to 0.
+    if (bytes >= old) return old;
+    const std::uint64_t n = round_up(bytes == 0 ? 1 : bytes, free_bins::quantum);
     if (n >= old) return old;
     block* tail = split(b, n);
     tail->stream = st.record->id();
@@ -884,8 +886,8 @@ class pool_core final : public completion_listener {
   }
 
   /// Grows the pool for a request of `n` bytes on `st`. Null when the limit or the device
-  /// says no.
-  block* grow(std::uint64_t n, stream_state& st, placement where) {
+  /// says no. `again`: this is the one retry after free chunks were released (below).
+  block* grow(std::uint64_t n, stream_state& st, placement where, bool again = false) {
     const bool own = n >= options_.chunk_size && options_.own_chunk_for_large;
     // One handle of its own for a large request: copies over it run at full speed. Otherwise
     // chunks, extending the free block at the end of a mapped run when there is one.
@@ -893,24 +895,31 @@ class pool_core final : public completion_listener {
     block* tail = own ? nullptr : extendable_tail(st, n, options_.chunk_size);
     const std::uint64_t have = tail != nullptr ? tail->size : 0;
     const std::uint64_t need = round_up(n - std::min(n, have), granularity_);
-    std::vector<std::uint64_t> sizes;
-    if (own) {
-      sizes.push_back(round_up(n, granularity_));
-    } else if (options_.max_size != 0 && reserved_ + round_up(need, options_.chunk_size) > options_.max_size) {
-      sizes.push_back(need);  // a smaller piece still fits under the limit
-    } else {
-      for (std::uint64_t got = 0; got < std::max<std::uint64_t>(need, 1); got += options_.chunk_size) {
-        sizes.push_back(options_.chunk_size);
-      }
-    }
-    std::uint64_t total = 0;
-    for (auto z : sizes) total += z;
+    const bool one_piece =
+        own || (options_.max_size != 0 && reserved_ + round_up(need, options_.chunk_size) > options_.max_size);
+    // own: one handle; a piece under the limit: one smaller handle; otherwise whole chunks.
+    const std::uint64_t total = own ? round_up(n, granularity_)
+                                : one_piece ? need
+                                            : round_up(std::max<std::uint64_t>(need, 1), options_.chunk_size);
     if (options_.max_size != 0 && reserved_ + total > options_.max_size) return nullptr;
+    // Refused before any handle is made (or listed): more than the largest run of free addresses
+    // can never be mapped together, however much memory the device has.
+    if (total > largest_free_va()) return nullptr;
+    std::vector<std::uint64_t> sizes;
+    if (one_piece) {
+      sizes.push_back(total);
+    } else {
+      sizes.assign(total / options_.chunk_size, options_.chunk_size);
+    }
     std::vector<handle> handles(sizes.size());
+    bool released = false;
     for (std::size_t i = 0; i < sizes.size(); ++i) {
       // Out of device memory: give back the whole free chunks this pool caches, then retry.
       CUresult r = backend_.create(sizes[i], handles[i]);
-      if (r != CUDA_SUCCESS && release_free_chunks(0) != 0) r = backend_.create(sizes[i], handles[i]);
+      if (r != CUDA_SUCCESS && release_free_chunks(0) != 0) {
+        released = true;
+        r = backend_.create(sizes[i], handles[i]);
+      }
       if (r != CUDA_SUCCESS) {
         for (std::size_t j = 0; j < i; ++j) backend_.release(handles[j]);
         return nullptr;
@@ -925,7 +934,9 @@ class pool_core final : public completion_listener {
     if (tail != nullptr) va = take_va(total, tail->addr + tail->size);  // room was checked
     if (!va && total < n) {  // away from the tail, too little to hold the request
       for (auto& h : handles) backend_.release(h);
-      return nullptr;
+      // The release took the tail this growth was sized for, and freed device memory: sized
+      // afresh, without that tail, the request may now fit.
+      return released && !again ? grow(n, st, where, true) : nullptr;
     }
     // A large request starts a run of its own: with room to grow in place after it, or next
     // to the other large runs, at the top of the addresses (chunk runs grow at the bottom),
@@ -944,6 +955,13 @@ class pool_core final : public completion_listener {
       at += sizes[i];
     }
     return find_usable(n, st);
+  }
+
+  /// The longest run of unmapped addresses in the reservation.
+  std::uint64_t largest_free_va() const noexcept {
+    std::uint64_t largest = 0;
+    for (const auto& [start, size] : va_free_) largest = std::max(largest, size);
+    return largest;
   }
 
   /// `bytes` more physical memory are held.

@@ -319,6 +319,60 @@ TEST_CASE("the limit and the device's memory end in core_out_of_memory, with the
   CHECK_THROWS_AS(g.pool->allocate(256 * MiB, s.key()), core_out_of_memory);
 }
 
+TEST_CASE("compact growth: a request no address run can hold fails at once, before any chunk is made") {
+  core_options o;
+  o.chunk_size = 2 * MiB;
+  o.own_chunk_for_large = false;  // large requests built from chunks, as `compact` does
+  fixture f(o);
+  auto s = make_stream();
+  // 2^60 bytes would be 2^39 chunks: listed one by one, that exhausted the host's memory.
+  CHECK_THROWS_AS((void)f.pool->allocate(1ull << 60, s.key()), core_out_of_memory);
+  CHECK(f.dev->physical_used == 0);
+  CHECK(f.pool->statistics().reserved_current == 0);
+}
+
+TEST_CASE("compact growth: when releasing free chunks takes the tail it was sized for, it sizes afresh") {
+  core_options o;
+  o.chunk_size = 2 * MiB;
+  o.own_chunk_for_large = false;
+  o.release_threshold = ~std::uint64_t{0};  // free chunks stay until growth needs their memory
+  fixture f(o);
+  f.dev->capacity = 64 * MiB;
+  auto s = make_stream();
+  // One run: [x free 20 MiB][a live 2 MiB][t free 10 MiB, the run's tail].
+  const auto x = f.pool->allocate(20 * MiB, s.key());
+  const auto a = f.pool->allocate(2 * MiB, s.key());
+  const auto t = f.pool->allocate(10 * MiB, s.key());
+  REQUIRE(a == x + 20 * MiB);
+  REQUIRE(t == a + 2 * MiB);
+  f.pool->deallocate(x, s.key());
+  f.pool->deallocate(t, s.key());
+  host_sync(*f.dev, s);
+  REQUIRE(f.dev->physical_used == 32 * MiB);
+  // 50 MiB: extending the tail needs 40 MiB more, and the device has 32 MiB free, so the pool
+  // gives back its free chunks (the tail among them). Then 50 MiB of fresh chunks fit.
+  const auto p = f.pool->allocate(50 * MiB, s.key());
+  CHECK(f.pool->find_live(p)->second == 50 * MiB);
+  CHECK(f.dev->is_mapped(p, 50 * MiB));
+  CHECK(f.dev->is_mapped(a, 2 * MiB));
+  CHECK(f.dev->physical_used == 52 * MiB);
+  f.pool->deallocate(p, s.key());
+  f.pool->deallocate(a, s.key());
+}
+
+TEST_CASE("shrink_in_place: a size within 255 bytes of 2^64 leaves the block as it is") {
+  fixture f;
+  auto s = make_stream();
+  const auto p = f.pool->allocate(4 * MiB, s.key());
+  for (const std::uint64_t huge : {~std::uint64_t{0}, ~std::uint64_t{0} - 255, ~std::uint64_t{0} - 100}) {
+    CAPTURE(huge);
+    CHECK(f.pool->shrink_in_place(p, huge, s.key()) == 4 * MiB);
+    CHECK(f.pool->find_live(p)->second == 4 * MiB);
+  }
+  CHECK(f.pool->statistics().used_current == 4 * MiB);
+  f.pool->deallocate(p, s.key());
+}
+
 TEST_CASE("releasing: trim and the release threshold give back whole free chunks only when complete") {
   core_options o;
   o.chunk_size = 2 * MiB;
