@@ -25,6 +25,7 @@
 #include <new>
 #include <optional>
 #include <stdexcept>
+#include <string>
 
 using namespace streamalloc;
 using namespace streamalloc_test;
@@ -176,6 +177,62 @@ CHILD_CASE(huge_sizes) {
   t.synchronize();
 }
 
+// Properties the driver refuses fail when the pool is made, naming the property, and not at the
+// first allocation: a host NUMA node that does not exist, fabric handles where the device (or
+// its fabric service) cannot make them. A limit off the granularity is rounded down, and holds.
+CHILD_CASE(properties_refused) {
+  const auto refused = [](int code, const char* call, const char* property, auto&& make) {
+    std::fprintf(stderr, "  calling %s\n", call);
+    try {
+      make();
+    } catch (const cuda_error& e) {
+      CHILD_EXPECT(std::string(e.what()).find(property) != std::string::npos, code,
+                   strf("%s threw \"%s\", which does not name %s", call, e.what(), property));
+      CHILD_EXPECT(std::string(e.what()).find("when the pool was made") != std::string::npos, code,
+                   strf("%s threw \"%s\", which does not say it failed when the pool was made", call, e.what()));
+      note("%s threw as it should: %s", call, e.what());
+      return;
+    } catch (const std::exception& e) {
+      fail(code, strf("%s threw \"%s\", not a streamalloc::cuda_error", call, e.what()));
+    }
+    fail(code, strf("%s did not throw", call));
+  };
+  refused(1, "a pool on host NUMA node 1000", "pool_properties::location (host NUMA node 1000)",
+          [] { pool p(pool_properties{.location = memory_location::host_numa(1000)}); });
+
+  // Fabric handles: refused when the pool is made, or usable from its first allocation on.
+  std::optional<pool> fabric;
+  try {
+    fabric.emplace(pool_properties{.handle_types = shareable_handle_type::fabric});
+  } catch (const cuda_error& e) {
+    CHILD_EXPECT(std::string(e.what()).find("pool_properties::handle_types (fabric) on device 0") != std::string::npos,
+                 2, strf("a refused fabric pool's message \"%s\" does not name the handle types", e.what()));
+    note("fabric handles refused when the pool was made: %s", e.what());
+  }
+  stream s(0);
+  if (fabric) {
+    note("fabric handles work on this device: its pool must serve at once");
+    void* x = fabric->allocate(MiB, s);
+    fill_async(x, MiB, 1200, s.get());
+    CHILD_LAUNCHED("fill_async");
+    CHILD_EXPECT(mismatches_on(x, MiB, 1200, s.get()) == 0, 3, "an allocation of the fabric pool");
+    fabric->deallocate(x, s);
+  }
+
+  // max_size 3 MiB with a 2 MiB granularity: at most 2 MiB held, and said so.
+  pool small(pool_properties{.max_size = 3 * MiB});
+  CHILD_EXPECT(small.properties().max_size == 2 * MiB, 4,
+               strf("max_size 3 MiB became %zu, not 2 MiB", small.properties().max_size));
+  expect_throws<out_of_memory>(5, "3 MiB + 256 from a pool of at most 3 MiB", [&] { (void)small.allocate(3 * MiB + 256, s); });
+  void* y = small.allocate(2 * MiB, s);
+  fill_async(y, 2 * MiB, 1210, s.get());
+  CHILD_LAUNCHED("fill_async");
+  CHILD_EXPECT(mismatches_on(y, 2 * MiB, 1210, s.get()) == 0, 6, "the whole of a rounded-down limit");
+  CHILD_EXPECT(small.statistics().reserved_current == 2 * MiB, 7, "the pool holds more than its limit");
+  small.deallocate(y, s);
+  s.synchronize();
+}
+
 // A pointer from a destroyed pool, freed afterwards: no pool owns it (std::invalid_argument), or
 // a new pool got the same addresses, when the stale free cannot be told from a real one. Only a
 // crash is wrong then; the new pool keeps working.
@@ -237,6 +294,9 @@ TEST_CASE("hostile input: bad_pointers: foreign, interior, misaligned and host p
 }
 TEST_CASE("hostile input: huge_sizes: out_of_memory or length_error, and the pool keeps working") {
   expect_child_passes("huge_sizes");
+}
+TEST_CASE("hostile input: properties_refused: refused when the pool is made, naming the property") {
+  expect_child_passes("properties_refused");
 }
 TEST_CASE("hostile input: stale_pointer_after_pool_destroyed: no crash") {
   expect_child_passes("stale_pointer_after_pool_destroyed");
