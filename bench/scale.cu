@@ -1,0 +1,271 @@
+// How streamalloc's costs grow with the work, beside cudaMallocAsync in the same process:
+//   1. ring    a hand-off ring over N streams: allocate on s[i], record an event, s[i+1] waits
+//              on it, free on s[i+1]; ns per round at N = 2 .. 1024
+//   2. churn   streams made, used (allocate + free 4 KiB) and destroyed, one after another:
+//              us per stream over each block of 1,000, and the host memory the process holds
+//   3. live    L live blocks (256 B .. 4 KiB, one stream): ns per allocate, then per free,
+//              at L = 1,000 .. 1,000,000
+//   4. pools   pools made one after another, each allocating and growing a buffer in place,
+//              until 4,096 or the first failure
+//
+//   bench_scale [--quick] [--json FILE] [--only ring,churn,live,pools]
+
+#include <streamalloc/pool.hpp>
+#include <streamalloc/stream.hpp>
+
+#include "bench_common.hpp"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+using clk = std::chrono::steady_clock;
+constexpr std::size_t KiB = 1024, MiB = 1024 * KiB;
+bool quick = false;
+std::ostringstream json_rows;
+int json_count = 0;
+
+double seconds_since(clk::time_point t) { return std::chrono::duration<double>(clk::now() - t).count(); }
+
+void json_row(const std::string& name, const std::string& fields) {
+  json_rows << (json_count++ ? ",\n" : "") << "    {\"measure\": \"" << name << "\", " << fields << "}";
+}
+
+/// Resident host memory of this process, in KiB (from /proc/self/statm).
+long resident_kib() {
+  std::ifstream f("/proc/self/statm");
+  long pages = 0, resident = 0;
+  f >> pages >> resident;
+  return resident * 4;  // 4 KiB pages
+}
+
+cudaMemPool_t make_driver_pool() {
+  cudaMemPoolProps props{};
+  props.allocType = cudaMemAllocationTypePinned;
+  props.location = {cudaMemLocationTypeDevice, 0};
+  cudaMemPool_t p;
+  BENCH_CHECK(cudaMemPoolCreate(&p, &props));
+  std::uint64_t keep = UINT64_MAX;
+  BENCH_CHECK(cudaMemPoolSetAttribute(p, cudaMemPoolAttrReleaseThreshold, &keep));
+  return p;
+}
+
+streamalloc::pool_properties kept() {
+  streamalloc::pool_properties p;
+  p.release_threshold = SIZE_MAX;
+  return p;
+}
+
+// --- 1. the hand-off ring ---------------------------------------------------------------------
+
+void ring() {
+  std::printf("\n1. hand-off ring: allocate 64 KiB on s[i], record, s[i+1] waits, free on s[i+1]: ns per round\n");
+  std::printf("%8s %12s %12s %10s\n", "streams", "streamalloc", "MallocAsync", "ratio");
+  for (int n : {2, 16, 128, 1024}) {
+    streamalloc::pool pool(kept());
+    std::vector<streamalloc::stream> s;
+    std::vector<streamalloc::event> e(n);
+    s.reserve(n);
+    for (int i = 0; i < n; ++i) s.emplace_back(0);
+    std::vector<cudaEvent_t> re(n);
+    for (auto& x : re) BENCH_CHECK(cudaEventCreateWithFlags(&x, cudaEventDisableTiming));
+    cudaMemPool_t dp = make_driver_pool();
+    const int rounds = std::max(quick ? 4 * n : 16 * n, quick ? 5000 : 40000);
+    auto time_rounds = [&](auto&& round) {
+      for (int r = 0; r < std::min(rounds, 2 * n + 1000); ++r) round(r);
+      BENCH_CHECK(cudaDeviceSynchronize());
+      const auto t = clk::now();
+      for (int r = 0; r < rounds; ++r) round(r);
+      const double ns = seconds_since(t) * 1e9 / rounds;
+      BENCH_CHECK(cudaDeviceSynchronize());
+      return ns;
+    };
+    const double ours = time_rounds([&](int r) {
+      const int i = r % n, j = (i + 1) % n;
+      void* p = pool.allocate(64 * KiB, s[i]);
+      e[i].record(s[i]);
+      s[j].wait(e[i]);
+      pool.deallocate(p, s[j]);
+    });
+    const double async = time_rounds([&](int r) {
+      const int i = r % n, j = (i + 1) % n;
+      void* p;
+      BENCH_CHECK(cudaMallocFromPoolAsync(&p, 64 * KiB, dp, s[i].get()));
+      BENCH_CHECK(cudaEventRecord(re[i], s[i].get()));
+      BENCH_CHECK(cudaStreamWaitEvent(s[j].get(), re[i], 0));
+      BENCH_CHECK(cudaFreeAsync(p, s[j].get()));
+    });
+    std::printf("%8d %12.0f %12.0f %9.2fx\n", n, ours, async, async / ours);
+    json_row("ring_" + std::to_string(n), "\"streams\": " + std::to_string(n) + ", \"streamalloc_ns\": " +
+                                              std::to_string(ours) + ", \"cudaMallocAsync_ns\": " + std::to_string(async));
+    for (auto& x : re) BENCH_CHECK(cudaEventDestroy(x));
+    BENCH_CHECK(cudaMemPoolDestroy(dp));
+  }
+}
+
+// --- 2. stream churn --------------------------------------------------------------------------
+
+void churn() {
+  const int total = quick ? 4000 : 16000, block = 1000;
+  std::printf("\n2. streams made, used (allocate + free 4 KiB) and destroyed: us per stream over blocks of %d\n",
+              block);
+  std::printf("%10s %12s %14s %12s %14s\n", "made so far", "streamalloc", "host KiB held", "driver", "host KiB held");
+  streamalloc::pool pool(kept());
+  cudaMemPool_t dp = make_driver_pool();
+  const long rss0 = resident_kib();
+  long rss_ours = rss0;
+  std::vector<double> ours, async;
+  std::vector<long> held_ours, held_async;
+  for (int done = 0; done < total; done += block) {
+    auto t = clk::now();
+    for (int i = 0; i < block; ++i) {
+      streamalloc::stream s(0);
+      pool.deallocate(pool.allocate(4 * KiB, s), s);
+    }
+    ours.push_back(seconds_since(t) * 1e6 / block);
+    rss_ours = resident_kib();
+    held_ours.push_back(rss_ours - rss0);
+  }
+  const long rss1 = resident_kib();
+  for (int done = 0; done < total; done += block) {
+    auto t = clk::now();
+    for (int i = 0; i < block; ++i) {
+      cudaStream_t s;
+      BENCH_CHECK(cudaStreamCreate(&s));
+      void* p;
+      BENCH_CHECK(cudaMallocFromPoolAsync(&p, 4 * KiB, dp, s));
+      BENCH_CHECK(cudaFreeAsync(p, s));
+      BENCH_CHECK(cudaStreamDestroy(s));
+    }
+    async.push_back(seconds_since(t) * 1e6 / block);
+    held_async.push_back(resident_kib() - rss1);
+  }
+  for (std::size_t k = 0; k < ours.size(); ++k) {
+    const int made = static_cast<int>(k + 1) * block;
+    std::printf("%10d %12.1f %14ld %12.1f %14ld\n", made, ours[k], held_ours[k], async[k], held_async[k]);
+    json_row("churn_" + std::to_string(made),
+             "\"streams_made\": " + std::to_string(made) + ", \"streamalloc_us\": " + std::to_string(ours[k]) +
+                 ", \"streamalloc_host_kib\": " + std::to_string(held_ours[k]) + ", \"cudaMallocAsync_us\": " +
+                 std::to_string(async[k]) + ", \"driver_host_kib\": " + std::to_string(held_async[k]));
+  }
+  std::printf("   last block / first block: streamalloc %.2fx, driver %.2fx\n", ours.back() / ours.front(),
+              async.back() / async.front());
+  BENCH_CHECK(cudaMemPoolDestroy(dp));
+}
+
+// --- 3. live blocks ---------------------------------------------------------------------------
+
+void live_blocks() {
+  std::printf("\n3. L live blocks of 256 B .. 4 KiB on one stream: ns per allocate, then per free (random order)\n");
+  std::printf("%10s %12s %12s %12s %12s\n", "live", "alloc ours", "alloc driver", "free ours", "free driver");
+  std::vector<std::size_t> counts = {1000, 10000, 100000};
+  if (!quick) counts.push_back(1000000);
+  for (std::size_t n : counts) {
+    std::mt19937_64 rng(42);
+    std::vector<std::size_t> sizes(n);
+    for (auto& z : sizes) z = std::size_t{256} << (rng() % 5);  // 256 .. 4096
+    std::vector<std::size_t> order(n);
+    for (std::size_t i = 0; i < n; ++i) order[i] = i;
+    std::shuffle(order.begin(), order.end(), rng);
+    streamalloc::stream s(0);
+    std::vector<void*> p(n);
+    double a_ours, f_ours, a_drv, f_drv;
+    {
+      streamalloc::pool pool(kept());
+      auto t = clk::now();
+      for (std::size_t i = 0; i < n; ++i) p[i] = pool.allocate(sizes[i], s);
+      a_ours = seconds_since(t) * 1e9 / n;
+      t = clk::now();
+      for (std::size_t i : order) pool.deallocate(p[i], s);
+      f_ours = seconds_since(t) * 1e9 / n;
+      s.synchronize();
+    }
+    {
+      cudaMemPool_t dp = make_driver_pool();
+      auto t = clk::now();
+      for (std::size_t i = 0; i < n; ++i) BENCH_CHECK(cudaMallocFromPoolAsync(&p[i], sizes[i], dp, s.get()));
+      a_drv = seconds_since(t) * 1e9 / n;
+      t = clk::now();
+      for (std::size_t i : order) BENCH_CHECK(cudaFreeAsync(p[i], s.get()));
+      f_drv = seconds_since(t) * 1e9 / n;
+      s.synchronize();
+      BENCH_CHECK(cudaMemPoolDestroy(dp));
+    }
+    std::printf("%10zu %12.0f %12.0f %12.0f %12.0f\n", n, a_ours, a_drv, f_ours, f_drv);
+    json_row("live_" + std::to_string(n),
+             "\"live\": " + std::to_string(n) + ", \"streamalloc_allocate_ns\": " + std::to_string(a_ours) +
+                 ", \"cudaMallocAsync_allocate_ns\": " + std::to_string(a_drv) + ", \"streamalloc_free_ns\": " +
+                 std::to_string(f_ours) + ", \"cudaFreeAsync_ns\": " + std::to_string(f_drv));
+  }
+}
+
+// --- 4. many pools ----------------------------------------------------------------------------
+
+void many_pools() {
+  const std::size_t target = 4096;
+  std::printf("\n4. pools made one after another, each allocating 1 MiB and growing it in place to 4 MiB\n");
+  std::vector<std::unique_ptr<streamalloc::pool>> pools;
+  streamalloc::stream s(0);
+  std::vector<void*> bufs;
+  std::string failure;
+  std::size_t grown = 0;
+  const auto t = clk::now();
+  try {
+    while (pools.size() < target) {
+      // 2 MiB chunks, so 4,096 pools hold 16 GiB: what limits them is addresses, not memory.
+      auto p = std::make_unique<streamalloc::pool>(streamalloc::pool_properties{.chunk_size = 2 * MiB});
+      void* b = p->allocate(MiB, s);
+      if (p->grow_in_place(b, 4 * MiB, s) >= 4 * MiB) ++grown;
+      bufs.push_back(b);
+      pools.push_back(std::move(p));
+    }
+  } catch (const std::exception& e) {
+    failure = e.what();
+  }
+  const double us = seconds_since(t) * 1e6 / std::max<std::size_t>(pools.size(), 1);
+  std::printf("   %zu pools made (%zu grew in place), %.0f us each%s%s\n", pools.size(), grown, us,
+              failure.empty() ? "" : "; then: ", failure.c_str());
+  json_row("pools", "\"pools\": " + std::to_string(pools.size()) + ", \"grown_in_place\": " + std::to_string(grown) +
+                        ", \"us_per_pool\": " + std::to_string(us) + ", \"failed\": " +
+                        (failure.empty() ? "false" : "true"));
+  for (std::size_t i = 0; i < pools.size(); ++i) pools[i]->deallocate(bufs[i], s);
+  s.synchronize();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bench::require_gpu("bench_scale");
+  std::string json, only;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--quick")) quick = true;
+    else if (!std::strcmp(argv[i], "--json") && i + 1 < argc) json = argv[++i];
+    else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
+  }
+  const bench::gpu_info gpu = bench::describe_gpu();
+  auto want = [&](const char* k) { return only.empty() || only.find(k) != std::string::npos; };
+  if (want("ring")) ring();
+  if (want("churn")) churn();
+  if (want("live")) live_blocks();
+  if (want("pools")) many_pools();
+  if (!json.empty()) {
+    std::ofstream out(json);
+    out << "{\n  \"bench\": \"scale\",\n  \"gpu\": \"" << bench::json_escape(gpu.name) << "\",\n  \"driver\": " << gpu.driver
+        << ",\n  \"quick\": " << (quick ? "true" : "false") << ",\n  \"rows\": [\n" << json_rows.str() << "\n  ]\n}\n";
+    std::printf("\nwrote %s\n", json.c_str());
+  }
+  return 0;
+}
