@@ -268,7 +268,8 @@ class pool_core final : public completion_listener {
     core_statistics s;
     s.reserved_current = reserved_;
     s.reserved_high = reserved_high_;
-    std::int64_t used = 0, count = 0;
+    std::int64_t used = folded_bytes_.load(std::memory_order_relaxed);
+    std::int64_t count = folded_count_.load(std::memory_order_relaxed);
     for (auto& [id, st] : states_) {
       used += st->live_bytes.load(std::memory_order_relaxed);
       count += st->live_count.load(std::memory_order_relaxed);
@@ -293,12 +294,22 @@ class pool_core final : public completion_listener {
   void reset_high_water() {
     std::lock_guard lock(mutex_);
     reserved_high_ = reserved_;
-    std::int64_t used = 0;
+    std::int64_t used = folded_bytes_.load(std::memory_order_relaxed);
     for (auto& [id, st] : states_) {
       used += st->live_bytes.load(std::memory_order_relaxed);
       st->peak_seen.store(st->live_bytes.load(std::memory_order_relaxed), std::memory_order_relaxed);
     }
     used_high_.store(static_cast<std::uint64_t>(std::max<std::int64_t>(used, 0)), std::memory_order_relaxed);
+  }
+
+  /// What the pool holds per stream: states of streams in use (retired ones whose frees are
+  /// still pending included), and states made in all (each in use or kept for reuse).
+  struct stream_state_counts {
+    std::size_t in_use = 0, made = 0;
+  };
+  stream_state_counts stream_states() {
+    std::lock_guard lock(mutex_);
+    return {states_.size(), state_store_.size()};
   }
 
   /// The live block starting at or containing `p`, if any: (start, size).
@@ -335,8 +346,10 @@ class pool_core final : public completion_listener {
     release_free_chunks(keep);
   }
 
-  /// The stream is going away: its cached frees join its pending bins, covered by one last
-  /// event recorded while the handle is still valid; nothing is recorded on it afterwards.
+  /// The stream is going away. The last moment its handle may be used: its cached frees join
+  /// its pending bins, and one query says whether it is idle (then they are complete, and its
+  /// state is free for another stream at once); if not, one last event covers them. Nothing is
+  /// recorded on it afterwards.
   void on_retire(std::uint64_t stream) noexcept override {
     std::lock_guard lock(mutex_);
     auto it = states_.find(stream);
@@ -344,15 +357,17 @@ class pool_core final : public completion_listener {
     stream_state& st = *it->second;
     try {
       flush_cache(st);
-      if (st.native != nullptr && !st.pending.empty() && st.newest_stamp > st.last_event_epoch) {
-        clock_snapshot point = st.record->capture();
-        st.events.push_back({backend_.record({st.record, st.native}), point.epoch});
-        st.last_event_epoch = point.epoch;
-      }
+      if (st.native != nullptr) settle(st, /*query_events=*/true, stream_key{st.record, st.native});
     } catch (...) {
       // No event: the stream's pending frees wait for a device-wide synchronization.
     }
     st.native = nullptr;
+    try {
+      retiring_.push_back(stream);
+      recycle_retired();
+    } catch (...) {
+      // Out of host memory: the state stays with the pool, which is always safe.
+    }
   }
 
   /// Called by the ordering registry after a host synchronization (or device-wide one).
@@ -382,6 +397,18 @@ class pool_core final : public completion_listener {
 
   struct alignas(128) stream_state {
     explicit stream_state(stream_key k) : record(k.record), native(k.native) {}
+    /// Made ready for another stream: only ever called on an emptied, retired stream's state.
+    void reuse(stream_key k) noexcept {
+      record = k.record;
+      native = k.native;
+      cache_bytes = 0;
+      last_event_epoch = 0;
+      newest_stamp = 0;
+      live_bytes.store(0, std::memory_order_relaxed);
+      live_count.store(0, std::memory_order_relaxed);
+      peak_seen.store(0, std::memory_order_relaxed);
+    }
+    stream_state* next_made = nullptr;  // the list of every state, set once
     spin_lock lock;
     stream_record* record;
     void* native;
@@ -435,15 +462,8 @@ class pool_core final : public completion_listener {
     {
       std::lock_guard lock(mutex_);
       auto& slot = states_[id];
-      if (!slot) {
-        slot = std::make_unique<stream_state>(s);
-        // Publish a new list for lock-free readers; old lists stay alive with the pool.
-        auto list = std::make_unique<std::vector<stream_state*>>(state_list_snapshot());
-        list->push_back(slot.get());
-        state_list_.store(list.get(), std::memory_order_release);
-        state_lists_.push_back(std::move(list));
-      }
-      st = slot.get();
+      if (slot == nullptr) slot = make_state(s);
+      st = slot;
     }
     std::rotate(recent.rbegin(), recent.rbegin() + 1, recent.rend());
     recent[0] = {serial_, id, st};
@@ -461,9 +481,10 @@ class pool_core final : public completion_listener {
     // is seen when one of them reaches a peak of its own.
     if (v > st.peak_seen.load(std::memory_order_relaxed)) {
       st.peak_seen.store(v, std::memory_order_relaxed);
-      std::int64_t sum = 0;
-      if (const auto* list = state_list_.load(std::memory_order_acquire)) {
-        for (stream_state* other : *list) sum += other->live_bytes.load(std::memory_order_relaxed);
+      std::int64_t sum = folded_bytes_.load(std::memory_order_relaxed);
+      for (stream_state* other = states_head_.load(std::memory_order_acquire); other != nullptr;
+           other = other->next_made) {
+        sum += other->live_bytes.load(std::memory_order_relaxed);
       }
       note_used(static_cast<std::uint64_t>(std::max<std::int64_t>(sum, 0)));
     }
@@ -477,16 +498,52 @@ class pool_core final : public completion_listener {
     while (v > h && !used_high_.compare_exchange_weak(h, v, std::memory_order_relaxed)) {
     }
   }
-  // The list of states, readable without the pool lock: states are only ever added.
-  std::vector<stream_state*> state_list_snapshot() const {
-    std::vector<stream_state*>* list = state_list_.load(std::memory_order_acquire);
-    return list != nullptr ? *list : std::vector<stream_state*>{};
+  /// A state for a stream the pool has not seen (or no longer holds): a retired stream's,
+  /// emptied and reset, when there is one. So the pool holds as many states as streams were
+  /// ever in use at once, not one for every stream ever seen, and the list walked without the
+  /// lock (by the peak accounting above) only grows when that number does.
+  stream_state* make_state(stream_key s) {
+    if (!spare_states_.empty()) {
+      stream_state* st = spare_states_.back();
+      spare_states_.pop_back();
+      st->reuse(s);
+      return st;
+    }
+    state_store_.push_back(std::make_unique<stream_state>(s));
+    stream_state* st = state_store_.back().get();
+    st->next_made = states_head_.load(std::memory_order_relaxed);
+    states_head_.store(st, std::memory_order_release);  // readers see it whole
+    return st;
+  }
+
+  /// Retired streams whose frees have all been settled give their states back for reuse:
+  /// nothing refers to them any more (their blocks are elsewhere, and a retired stream's id
+  /// never comes back, so no thread's cache of recent states can match it). Their share of
+  /// the live accounting moves to the pool's folded totals, so the sums stay exact.
+  void recycle_retired() {
+    std::erase_if(retiring_, [&](std::uint64_t id) {
+      auto it = states_.find(id);
+      if (it == states_.end()) return true;
+      stream_state& st = *it->second;
+      settle(st, /*query_events=*/true, stream_key{});  // polls its last event; the handle is gone
+      if (!st.pending.empty() || st.cache_bytes != 0 || !st.cache.empty()) return false;
+      for (auto& pe : st.events) backend_.destroy(pe.ev);  // done or not: nothing waits on them
+      st.events.clear();
+      // Zeroed first: a lock-free reader summing meanwhile misses the share (a peak seen
+      // later) rather than counting it twice (a peak that never was).
+      folded_bytes_.fetch_add(st.live_bytes.exchange(0, std::memory_order_relaxed), std::memory_order_relaxed);
+      folded_count_.fetch_add(st.live_count.exchange(0, std::memory_order_relaxed), std::memory_order_relaxed);
+      spare_states_.push_back(&st);
+      states_.erase(it);
+      return true;
+    });
   }
 
   // --- the slow path -------------------------------------------------------------------------
 
   std::uint64_t allocate_slow(std::uint64_t n, stream_state& st, stream_key s, placement where) {
     std::lock_guard lock(mutex_);
+    if (!retiring_.empty()) recycle_retired();
     flush_cache(st);
     if (!st.record->handle_stable()) cover_pending(st, s);
     block* b = find_usable(n, st);
@@ -526,7 +583,7 @@ class pool_core final : public completion_listener {
     }
     if (options_.reuse.follow_event_dependencies) {
       for (auto& [id, other] : states_) {
-        if (other.get() == &st || other->pending.empty()) continue;
+        if (other == &st || other->pending.empty()) continue;
         const std::uint64_t after = st.record->ordered_after(id);
         const std::uint64_t done = other->record->completed();
         const std::uint64_t limit = std::max(after, done);
@@ -751,6 +808,7 @@ class pool_core final : public completion_listener {
 
   void settle_all(bool query_events, const stream_key& caller) {
     for (auto& [id, st] : states_) settle(*st, query_events, caller);
+    if (!retiring_.empty()) recycle_retired();
   }
 
   // --- growth, defragmentation, release --------------------------------------------------------
@@ -758,14 +816,7 @@ class pool_core final : public completion_listener {
   /// Unmapped addresses: first fit of `bytes`, preferring right after `after` if free there.
   std::optional<std::uint64_t> take_va(std::uint64_t bytes, std::uint64_t after = 0) {
     if (after != 0) {
-      auto it = va_free_.upper_bound(after);
-      if (it != va_free_.begin()) {
-        --it;
-        if (it->first <= after && it->first + it->second >= after + bytes) {
-          carve_va(it, after, bytes);
-          return after;
-        }
-      }
+      if (auto at = take_va_at(bytes, after)) return at;
     }
     for (auto it = va_free_.begin(); it != va_free_.end(); ++it) {
       if (it->second >= bytes) {
@@ -775,6 +826,15 @@ class pool_core final : public completion_listener {
       }
     }
     return std::nullopt;
+  }
+  /// Unmapped addresses [at, at + bytes), only if all of them are free.
+  std::optional<std::uint64_t> take_va_at(std::uint64_t bytes, std::uint64_t at) {
+    auto it = va_free_.upper_bound(at);
+    if (it == va_free_.begin()) return std::nullopt;
+    --it;
+    if (it->first > at || it->first + it->second < at + bytes) return std::nullopt;
+    carve_va(it, at, bytes);
+    return at;
   }
   /// Unmapped addresses at the top of the highest free range that holds `bytes`: large runs
   /// placed there one after another are adjacent, and share page tables.
@@ -931,7 +991,9 @@ class pool_core final : public completion_listener {
       if (tail != nullptr && tail->size + total < n) tail = nullptr;
     }
     std::optional<std::uint64_t> va;
-    if (tail != nullptr) va = take_va(total, tail->addr + tail->size);  // room was checked
+    // Right after the tail or not at all: a tail chosen again above had its room checked for
+    // its own size, which may be less than `total`.
+    if (tail != nullptr) va = take_va_at(total, tail->addr + tail->size);
     if (!va && total < n) {  // away from the tail, too little to hold the request
       for (auto& h : handles) backend_.release(h);
       // The release took the tail this growth was sized for, and freed device memory: sized
@@ -1131,7 +1193,7 @@ class pool_core final : public completion_listener {
     for (auto& m : picked) bytes += m.second;
     std::optional<std::uint64_t> at;
     const std::uint64_t tail_end = tail != nullptr ? tail->addr + tail->size : 0;
-    if (tail != nullptr) at = take_va(bytes, tail_end);
+    if (tail != nullptr) at = take_va_at(bytes, tail_end);
     if (!at && tail != nullptr && bytes < n) return nullptr;  // would not hold the request alone
     if (!at) {
       at = take_va(bytes);
@@ -1177,7 +1239,7 @@ class pool_core final : public completion_listener {
   /// usable. Tries streams in turn; each costs an event record and a stream wait.
   block* wait_for_pending(std::uint64_t n, stream_state& st, stream_key s) {
     for (auto& [id, other] : states_) {
-      if (other.get() == &st || other->pending.empty()) continue;
+      if (other == &st || other->pending.empty()) continue;
       if (other->pending.largest() < n) continue;
       std::uint64_t limit = 0;
       if (void* native = handle_now(*other, stream_key{})) {
@@ -1256,9 +1318,12 @@ class pool_core final : public completion_listener {
   std::map<std::uint64_t, chunk> chunks_;             // mapped physical memory by address
   std::map<std::uint64_t, std::uint64_t> runs_;       // contiguous mapped runs: start -> end
   std::map<std::uint64_t, std::uint64_t> va_free_;    // unmapped addresses: start -> size
-  std::unordered_map<std::uint64_t, std::unique_ptr<stream_state>> states_;
-  std::atomic<std::vector<stream_state*>*> state_list_{nullptr};
-  std::vector<std::unique_ptr<std::vector<stream_state*>>> state_lists_;  // kept alive
+  std::unordered_map<std::uint64_t, stream_state*> states_;  // the streams in use, by id
+  std::vector<std::unique_ptr<stream_state>> state_store_;    // every state made, owned
+  std::atomic<stream_state*> states_head_{nullptr};           // the same, for lock-free walks
+  std::vector<stream_state*> spare_states_;                   // retired and empty: for new streams
+  std::vector<std::uint64_t> retiring_;                       // retired, frees still pending
+  std::atomic<std::int64_t> folded_bytes_{0}, folded_count_{0};  // recycled states' accounting
   std::uint64_t reserved_ = 0, reserved_high_ = 0;
   std::atomic<std::uint64_t> reserved_seen_{0};
   std::atomic<std::uint64_t> used_high_{0};

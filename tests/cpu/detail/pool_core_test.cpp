@@ -373,6 +373,38 @@ TEST_CASE("shrink_in_place: a size within 255 bytes of 2^64 leaves the block as 
   f.pool->deallocate(p, s.key());
 }
 
+TEST_CASE("streams made, used and retired one after another: their states are reused, not kept") {
+  fixture f;
+  auto keep = make_stream();
+  const auto held = f.pool->allocate(4096, keep.key());
+  const auto before = f.pool->stream_states();
+  CHECK(before.in_use == 1);
+  std::vector<test_stream> running;  // retired while work on them still ran
+  for (int i = 0; i < 3000; ++i) {
+    auto s = make_stream();
+    const auto p = f.pool->allocate(256 * (1 + i % 16), s.key());
+    if (i % 10 == 0) f.dev->busy.insert(s.native);
+    f.pool->deallocate(p, s.key());
+    ordering().retire(s.record->id());  // as streamalloc's stream destructor does
+    if (i % 10 == 0) running.push_back(s);
+    if (running.size() == 5) {  // their work ends; the pool sees it through their last events
+      for (auto& r : running) f.dev->run(r.native);
+      running.clear();
+    }
+    // A retired stream still running holds its state; the rest give theirs back at once.
+    CHECK(f.pool->stream_states().in_use <= before.in_use + 1 + running.size() + 5);
+  }
+  for (auto& r : running) f.dev->run(r.native);
+  (void)f.pool->allocate(4096, keep.key());  // a slow-path look at the retired streams' events
+  CHECK(f.pool->stream_states().in_use == before.in_use);
+  CHECK(f.pool->stream_states().made <= before.made + 12);
+  // The accounting of the recycled states is kept: only keep's two allocations are live.
+  const auto st = f.pool->statistics();
+  CHECK(st.live_allocations == 2);
+  CHECK(st.used_current == 2 * 4096);
+  f.pool->deallocate(held, keep.key());
+}
+
 TEST_CASE("releasing: trim and the release threshold give back whole free chunks only when complete") {
   core_options o;
   o.chunk_size = 2 * MiB;
