@@ -115,7 +115,9 @@ inline std::string unproven(const stream_order& proof, stream_record& from, std:
     return "the token orders " + stream_name(proof.later_stream()) + ", but the memory is used on " +
            stream_name(to->id());
   }
-  // Vector clocks also see orderings through other streams (a before b before c).
+  // The token itself, when it waited on the memory's stream after the last use; else the
+  // vector clocks, which also see orderings through other streams (a before b before c).
+  if (proof.earlier_stream() == from.id() && proof.point() >= last_use) return {};
   if (to->ordered_after(from.id()) >= last_use || from.completed() >= last_use) return {};
   // Stream 0: the event waited for has no record made through streamalloc (a raw cudaEvent_t,
   // recorded by a raw CUDA call if at all, or a streamalloc event not recorded yet).

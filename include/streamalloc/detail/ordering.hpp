@@ -11,13 +11,18 @@
 //              synchronization, a completed event, or a query)
 //   clock      for other streams, the epoch this stream is known to be ordered after, through
 //              event waits made with streamalloc's handles (a vector clock: waits carry what
-//              the recording stream was itself ordered after)
+//              the recording stream was itself ordered after). At most `max_clock_entries`
+//              streams, those of the most recent waits: forgetting an ordering only costs
+//              reuse, and it keeps every record, capture and wait at a cost independent of how
+//              many streams were ever ordered after each other (a ring of 1,024 streams walked
+//              1,024 entries at every wait)
 //
 // Work ordered with raw CUDA calls is invisible here; it is never wrong, it only gives less
 // reuse, because nothing is concluded without evidence.
 
 #include <algorithm>
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -63,7 +68,8 @@ class alignas(128) stream_record {
     s.stream = id_;
     std::lock_guard lock(mutex_);
     s.epoch = epoch_.fetch_add(1, std::memory_order_acq_rel);
-    s.after = clock_;
+    s.after.reserve(clock_.size());
+    for (const entry& x : clock_) s.after.emplace_back(x.stream, x.epoch);
     return s;
   }
 
@@ -71,17 +77,20 @@ class alignas(128) stream_record {
   void wait_for(const clock_snapshot& point) {
     if (point.stream == 0 || point.stream == id_) return;
     std::lock_guard lock(mutex_);
-    merge(point.stream, point.epoch);
-    for (const auto& [s, e] : point.after) {
-      if (s != id_) merge(s, e);
-    }
+    // The stream waited for directly ranks above those it was itself ordered after.
+    const std::uint64_t tick = ++waits_;
+    merge_sorted(point.after, 2 * tick);
+    merge(point.stream, point.epoch, 2 * tick + 1);
+    // Trimmed back to `max_clock_entries` only past twice that: the trim's sort is paid once
+    // every many waits, not at each.
+    if (clock_.size() > 2 * max_clock_entries) forget_oldest();
   }
 
   /// The epoch of stream `other` this stream is known to be ordered after (0: none).
   [[nodiscard]] std::uint64_t ordered_after(std::uint64_t other) const {
     std::lock_guard lock(mutex_);
-    auto it = std::lower_bound(clock_.begin(), clock_.end(), std::pair{other, std::uint64_t{0}});
-    return it != clock_.end() && it->first == other ? it->second : 0;
+    auto it = find(other);
+    return it != clock_.end() && it->stream == other ? it->epoch : 0;
   }
 
   /// Frees stamped <= the returned epoch are before a host synchronization that starts now.
@@ -117,17 +126,68 @@ class alignas(128) stream_record {
   /// What this stream is ordered after, for completing it when the stream completes.
   [[nodiscard]] std::vector<std::pair<std::uint64_t, std::uint64_t>> clock() const {
     std::lock_guard lock(mutex_);
-    return clock_;
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> out;
+    out.reserve(clock_.size());
+    for (const entry& x : clock_) out.emplace_back(x.stream, x.epoch);
+    return out;
   }
 
+  /// The streams a clock is sure to remember (the most recent waits'); it holds at most twice
+  /// as many.
+  static constexpr std::size_t max_clock_entries = 32;
+
  private:
-  void merge(std::uint64_t s, std::uint64_t e) {
-    auto it = std::lower_bound(clock_.begin(), clock_.end(), std::pair{s, std::uint64_t{0}});
-    if (it != clock_.end() && it->first == s) {
-      it->second = std::max(it->second, e);
+  struct entry {
+    std::uint64_t stream;
+    std::uint64_t epoch;
+    std::uint64_t touched;  // 2 * the wait that last raised or confirmed it (+1: waited for directly)
+  };
+
+  std::vector<entry>::const_iterator find(std::uint64_t s) const {
+    return std::lower_bound(clock_.begin(), clock_.end(), s,
+                            [](const entry& x, std::uint64_t v) { return x.stream < v; });
+  }
+
+  void merge(std::uint64_t s, std::uint64_t e, std::uint64_t touched) {
+    auto it = clock_.begin() + (find(s) - clock_.cbegin());
+    if (it != clock_.end() && it->stream == s) {
+      it->epoch = std::max(it->epoch, e);
+      it->touched = touched;
     } else {
-      clock_.insert(it, {s, e});
+      clock_.insert(it, {s, e, touched});
     }
+  }
+
+  /// Merges a clock (sorted by stream) into this one in one pass.
+  void merge_sorted(const std::vector<std::pair<std::uint64_t, std::uint64_t>>& other, std::uint64_t touched) {
+    if (other.empty()) return;
+    std::vector<entry>& out = scratch_;  // kept between merges: no allocation once warm
+    out.clear();
+    out.reserve(clock_.size() + other.size());
+    auto a = clock_.begin();
+    auto b = other.begin();
+    while (a != clock_.end() || b != other.end()) {
+      if (b != other.end() && b->first == id_) {
+        ++b;  // what this stream is ordered after itself says nothing
+      } else if (b == other.end() || (a != clock_.end() && a->stream < b->first)) {
+        out.push_back(*a++);
+      } else if (a == clock_.end() || b->first < a->stream) {
+        out.push_back({b->first, b->second, touched});
+        ++b;
+      } else {
+        out.push_back({a->stream, std::max(a->epoch, b->second), touched});
+        ++a, ++b;
+      }
+    }
+    clock_.swap(out);
+  }
+
+  /// Keeps the `max_clock_entries` entries touched most recently.
+  void forget_oldest() {
+    std::nth_element(clock_.begin(), clock_.begin() + max_clock_entries - 1, clock_.end(),
+                     [](const entry& x, const entry& y) { return x.touched > y.touched; });
+    clock_.resize(max_clock_entries);
+    std::sort(clock_.begin(), clock_.end(), [](const entry& x, const entry& y) { return x.stream < y.stream; });
   }
 
   const std::uint64_t id_;
@@ -138,7 +198,9 @@ class alignas(128) stream_record {
   std::atomic<bool> retired_{false};
   std::atomic<bool> handle_stable_{false};
   mutable std::mutex mutex_;
-  std::vector<std::pair<std::uint64_t, std::uint64_t>> clock_;  // sorted by stream id
+  std::vector<entry> clock_;  // sorted by stream id
+  std::vector<entry> scratch_;
+  std::uint64_t waits_ = 0;
 };
 
 /// Listens for completions learned at host synchronizations (the pools, to release memory).

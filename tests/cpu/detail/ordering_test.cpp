@@ -2,6 +2,10 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <map>
+#include <vector>
+
 using namespace streamalloc::detail;
 
 namespace {
@@ -76,4 +80,34 @@ TEST_CASE("retiring a stream marks its record, and only its record") {
   reg.retire(id);
   CHECK(reg.record(id).retired());
   CHECK_FALSE(reg.record(other).retired());
+}
+
+// A clock remembers the streams of its most recent waits, at most 2 * max_clock_entries of
+// them: forgetting only loses orderings (less reuse), never claims one that did not happen.
+// Checked against an exact, unbounded model of the same waits.
+TEST_CASE("clocks stay bounded in a ring of 300 streams, remember the latest waits, and claim nothing false") {
+  auto& reg = ordering();
+  constexpr int n = 300;
+  std::vector<stream_record*> r;
+  for (int i = 0; i < n; ++i) r.push_back(&reg.record(fresh_id()));
+  std::vector<std::map<std::uint64_t, std::uint64_t>> truth(n);  // stream -> epoch ordered after
+  std::size_t largest = 0;
+  for (int round = 0; round < 4 * n; ++round) {
+    const int i = round % n, j = (i + 1) % n;
+    const clock_snapshot point = r[i]->capture();
+    r[j]->wait_for(point);
+    // The model: j is ordered after point, and after everything i was ordered after.
+    auto& t = truth[j];
+    t[r[i]->id()] = std::max(t[r[i]->id()], point.epoch);
+    for (const auto& [s, e] : truth[i]) {
+      if (s != r[j]->id()) t[s] = std::max(t[s], e);
+    }
+    CHECK(r[j]->ordered_after(r[i]->id()) == t[r[i]->id()]);  // the wait just made is known
+    for (const auto& [s, e] : r[j]->clock()) {
+      CHECK(e <= t[s]);  // no ordering the model does not have
+    }
+    largest = std::max(largest, r[j]->clock().size());
+  }
+  CHECK(largest <= 2 * stream_record::max_clock_entries);
+  CHECK(largest > stream_record::max_clock_entries);  // the ring did fill clocks up
 }
