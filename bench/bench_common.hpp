@@ -4,12 +4,15 @@
 // and a small JSON writer.
 
 #include <streamalloc/driver.hpp>
+#include <streamalloc/pool.hpp>
 
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -78,6 +81,25 @@ inline void require_gpu(const char* bench_name) {
                 streamalloc::driver_problem().c_str());
     std::exit(77);
   }
+}
+
+/// The driver's pool, made like streamalloc's for a fair comparison: memory kept between uses
+/// (release threshold `threshold`).
+inline cudaMemPool_t make_driver_pool(std::uint64_t threshold = std::numeric_limits<std::uint64_t>::max()) {
+  cudaMemPoolProps props{};
+  props.allocType = cudaMemAllocationTypePinned;
+  props.location = {cudaMemLocationTypeDevice, 0};
+  cudaMemPool_t p;
+  BENCH_CHECK(cudaMemPoolCreate(&p, &props));
+  BENCH_CHECK(cudaMemPoolSetAttribute(p, cudaMemPoolAttrReleaseThreshold, &threshold));
+  return p;
+}
+
+/// A streamalloc pool that keeps its memory between uses, as the driver's pool above does.
+inline streamalloc::pool_properties kept() {
+  streamalloc::pool_properties p;
+  p.release_threshold = std::numeric_limits<std::size_t>::max();
+  return p;
 }
 
 inline std::string json_escape(const std::string& s) {

@@ -44,22 +44,7 @@ void json_row(const std::string& name, const std::string& fields) {
   json_rows << (json_count++ ? ",\n" : "") << "    {\"measure\": \"" << name << "\", " << fields << "}";
 }
 
-/// The driver's pool, made like streamalloc's for a fair comparison: memory kept between uses.
-cudaMemPool_t make_driver_pool(std::uint64_t threshold = UINT64_MAX) {
-  cudaMemPoolProps props{};
-  props.allocType = cudaMemAllocationTypePinned;
-  props.location = {cudaMemLocationTypeDevice, 0};
-  cudaMemPool_t p;
-  BENCH_CHECK(cudaMemPoolCreate(&p, &props));
-  BENCH_CHECK(cudaMemPoolSetAttribute(p, cudaMemPoolAttrReleaseThreshold, &threshold));
-  return p;
-}
 
-streamalloc::pool_properties kept() {
-  streamalloc::pool_properties p;
-  p.release_threshold = SIZE_MAX;
-  return p;
-}
 
 // --- 1. same-stream pairs -------------------------------------------------------------------
 
@@ -67,9 +52,9 @@ void same_stream_pairs() {
   std::printf("\n1. allocate + free on one stream, ns per pair (warm pools)\n");
   std::printf("%10s %12s %12s %12s %12s %10s %10s\n", "size", "streamalloc", "(raw handle)", "MallocAsync",
               "CUB", "vs Async", "vs CUB");
-  streamalloc::pool pool(kept());
+  streamalloc::pool pool(bench::kept());
   streamalloc::stream s(0);
-  cudaMemPool_t dp = make_driver_pool();
+  cudaMemPool_t dp = bench::make_driver_pool();
   cub::CachingDeviceAllocator cub_alloc(8, 3, 9, 4 * GiB);  // bins to 128 MiB, so 16 MiB is cached
   const int n = quick ? 20000 : 200000;
   for (std::size_t size : {256ul, 4 * KiB, 64 * KiB, 1 * MiB, 16 * MiB}) {
@@ -120,9 +105,9 @@ void mixed_rounds() {
   std::mt19937_64 rng(42);
   std::vector<std::size_t> sizes(1000);
   for (auto& z : sizes) z = static_cast<std::size_t>(std::exp2(std::uniform_real_distribution<double>(8, 20)(rng)));
-  streamalloc::pool pool(kept());
+  streamalloc::pool pool(bench::kept());
   streamalloc::stream s(0);
-  cudaMemPool_t dp = make_driver_pool();
+  cudaMemPool_t dp = bench::make_driver_pool();
   cub::CachingDeviceAllocator cub_alloc(8, 3, 9, 4 * GiB);
   std::vector<void*> ptrs(sizes.size());
   const int rounds = quick ? 20 : 200;
@@ -181,10 +166,10 @@ void threads_own_streams() {
               cores.size());
   std::printf("%8s %12s %12s %9s %9s %8s %10s %10s %12s\n", "threads", "streamalloc", "MallocAsync", "ratio", "scaling",
               "slowest", "own pools", "CPU-only", "vs CPU-only");
-  streamalloc::pool pool(kept());
+  streamalloc::pool pool(bench::kept());
   std::vector<std::unique_ptr<streamalloc::pool>> own;
-  for (int i = 0; i < 16; ++i) own.push_back(std::make_unique<streamalloc::pool>(kept()));
-  cudaMemPool_t dp = make_driver_pool();
+  for (int i = 0; i < 16; ++i) own.push_back(std::make_unique<streamalloc::pool>(bench::kept()));
+  cudaMemPool_t dp = bench::make_driver_pool();
   std::vector<streamalloc::stream> streams;
   for (int i = 0; i < 16; ++i) streams.emplace_back(0);
   std::vector<bench::cpu_only_work> work(16);
@@ -224,10 +209,10 @@ void threads_own_streams() {
 
 void cross_stream() {
   std::printf("\n4. allocate on A, record an event, B waits on it, free on B: ns per round\n");
-  streamalloc::pool pool(kept());
+  streamalloc::pool pool(bench::kept());
   streamalloc::stream a(0), b(0);
   streamalloc::event e;
-  cudaMemPool_t dp = make_driver_pool();
+  cudaMemPool_t dp = bench::make_driver_pool();
   cudaEvent_t re;
   BENCH_CHECK(cudaEventCreateWithFlags(&re, cudaEventDisableTiming));
   const int n = quick ? 5000 : 50000;
@@ -286,7 +271,7 @@ void random_trace() {
     return seconds_since(t);
   };
   {
-    cudaMemPool_t dp = make_driver_pool();
+    cudaMemPool_t dp = bench::make_driver_pool();
     const double secs = run(
         [&](std::size_t z) {
           void* p;
@@ -307,7 +292,7 @@ void random_trace() {
     BENCH_CHECK(cudaMemPoolDestroy(dp));
   }
   for (bool compact : {false, true}) {
-    auto props = kept();
+    auto props = bench::kept();
     props.compact = compact;
     const std::size_t chunk = compact ? 2 * MiB : 0;
     streamalloc::pool pool(props);
@@ -335,7 +320,7 @@ __global__ void copy_kernel(const uint4* __restrict__ src, uint4* __restrict__ d
 void bandwidth() {
   std::printf("\n6. copy kernel and cudaMemcpy over 1 GiB buffers: pool memory against cudaMalloc memory\n");
   const std::size_t size = 1 * GiB;
-  streamalloc::pool pool(kept());
+  streamalloc::pool pool(bench::kept());
   streamalloc::stream s(0);
   void *ms, *md;
   BENCH_CHECK(cudaMalloc(&ms, size));
@@ -394,7 +379,7 @@ void growth() {
     std::vector<void*> ptrs(sizes.size());
     std::vector<double> ours_ms, compact_ms, async_ms;
     auto ours = [&](bool compact) {
-      streamalloc::pool_properties props = kept();
+      streamalloc::pool_properties props = bench::kept();
       props.compact = compact;
       streamalloc::pool pool(props);
       auto t = clk::now();
@@ -409,7 +394,7 @@ void growth() {
       ours_ms.push_back(ours(false));
       compact_ms.push_back(ours(true));
       {
-        cudaMemPool_t dp = make_driver_pool();
+        cudaMemPool_t dp = bench::make_driver_pool();
         auto t = clk::now();
         for (std::size_t i = 0; i < sizes.size(); ++i) BENCH_CHECK(cudaMallocFromPoolAsync(&ptrs[i], sizes[i], dp, s.get()));
         s.synchronize();
@@ -435,7 +420,7 @@ void growth() {
 // memory at all (scripts/scaling-processes.sh).
 int solo(int cpu, long long start_ms, double seconds) {
   if (cpu >= 0) bench::pin_to(cpu);
-  streamalloc::pool pool(kept());
+  streamalloc::pool pool(bench::kept());
   streamalloc::stream s(0);
   for (int i = 0; i < 100000; ++i) pool.deallocate(pool.allocate(4 * KiB, s), s);
   while (std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count() <

@@ -52,22 +52,7 @@ long resident_kib() {
   return resident * 4;  // 4 KiB pages
 }
 
-cudaMemPool_t make_driver_pool() {
-  cudaMemPoolProps props{};
-  props.allocType = cudaMemAllocationTypePinned;
-  props.location = {cudaMemLocationTypeDevice, 0};
-  cudaMemPool_t p;
-  BENCH_CHECK(cudaMemPoolCreate(&p, &props));
-  std::uint64_t keep = UINT64_MAX;
-  BENCH_CHECK(cudaMemPoolSetAttribute(p, cudaMemPoolAttrReleaseThreshold, &keep));
-  return p;
-}
 
-streamalloc::pool_properties kept() {
-  streamalloc::pool_properties p;
-  p.release_threshold = SIZE_MAX;
-  return p;
-}
 
 // --- 1. the hand-off ring ---------------------------------------------------------------------
 
@@ -75,14 +60,14 @@ void ring() {
   std::printf("\n1. hand-off ring: allocate 64 KiB on s[i], record, s[i+1] waits, free on s[i+1]: ns per round\n");
   std::printf("%8s %12s %12s %10s\n", "streams", "streamalloc", "MallocAsync", "ratio");
   for (int n : {2, 16, 128, 1024}) {
-    streamalloc::pool pool(kept());
+    streamalloc::pool pool(bench::kept());
     std::vector<streamalloc::stream> s;
     std::vector<streamalloc::event> e(n);
     s.reserve(n);
     for (int i = 0; i < n; ++i) s.emplace_back(0);
     std::vector<cudaEvent_t> re(n);
     for (auto& x : re) BENCH_CHECK(cudaEventCreateWithFlags(&x, cudaEventDisableTiming));
-    cudaMemPool_t dp = make_driver_pool();
+    cudaMemPool_t dp = bench::make_driver_pool();
     const int rounds = std::max(quick ? 4 * n : 16 * n, quick ? 5000 : 40000);
     auto time_rounds = [&](auto&& round) {
       for (int r = 0; r < std::min(rounds, 2 * n + 1000); ++r) round(r);
@@ -123,8 +108,8 @@ void churn() {
   std::printf("\n2. streams made, used (allocate + free 4 KiB) and destroyed: us per stream over blocks of %d\n",
               block);
   std::printf("%10s %12s %14s %12s %14s\n", "made so far", "streamalloc", "host KiB held", "driver", "host KiB held");
-  streamalloc::pool pool(kept());
-  cudaMemPool_t dp = make_driver_pool();
+  streamalloc::pool pool(bench::kept());
+  cudaMemPool_t dp = bench::make_driver_pool();
   const long rss0 = resident_kib();
   long rss_ours = rss0;
   std::vector<double> ours, async;
@@ -184,7 +169,7 @@ void live_blocks() {
     std::vector<void*> p(n);
     double a_ours, f_ours, a_drv, f_drv;
     {
-      streamalloc::pool pool(kept());
+      streamalloc::pool pool(bench::kept());
       auto t = clk::now();
       for (std::size_t i = 0; i < n; ++i) p[i] = pool.allocate(sizes[i], s);
       a_ours = seconds_since(t) * 1e9 / n;
@@ -194,7 +179,7 @@ void live_blocks() {
       s.synchronize();
     }
     {
-      cudaMemPool_t dp = make_driver_pool();
+      cudaMemPool_t dp = bench::make_driver_pool();
       auto t = clk::now();
       for (std::size_t i = 0; i < n; ++i) BENCH_CHECK(cudaMallocFromPoolAsync(&p[i], sizes[i], dp, s.get()));
       a_drv = seconds_since(t) * 1e9 / n;

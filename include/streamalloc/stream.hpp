@@ -406,6 +406,25 @@ inline stream_order stream_ref::wait(event_ref e) const {
 
 inline stream_order stream::wait(event_ref e) const { return ref().wait(e); }
 
+namespace detail {
+/// A new event of context `ctx` (events belong to the context current when they are made),
+/// whatever context the calling thread has current.
+inline std::unique_ptr<event> make_event_in(CUcontext ctx) {
+  cu::cuCtxPushCurrent(ctx);
+  std::unique_ptr<event> e;
+  try {
+    e = std::make_unique<event>();
+  } catch (...) {
+    CUcontext popped = nullptr;
+    (void)cu::cuCtxPopCurrent_nothrow(&popped);
+    throw;
+  }
+  CUcontext popped = nullptr;
+  (void)cu::cuCtxPopCurrent_nothrow(&popped);
+  return e;
+}
+}  // namespace detail
+
 /**
  * @brief Orders `later` after everything enqueued on `earlier` so far (an event recorded on
  * `earlier` and waited for by `later`, through streamalloc), without blocking the host.
@@ -420,19 +439,7 @@ inline stream_order order_after(stream_ref later, stream_ref earlier) {
   if (device < 0 || device >= detail::max_devices) {
     throw std::invalid_argument("streamalloc::order_after: the earlier stream's device is unknown");
   }
-  if (!scratch[device]) {
-    CUcontext ctx = detail::primary_context(device);
-    detail::cu::cuCtxPushCurrent(ctx);
-    try {
-      scratch[device] = std::make_unique<event>();
-    } catch (...) {
-      CUcontext popped = nullptr;
-      (void)detail::cu::cuCtxPopCurrent_nothrow(&popped);
-      throw;
-    }
-    CUcontext popped = nullptr;
-    (void)detail::cu::cuCtxPopCurrent_nothrow(&popped);
-  }
+  if (!scratch[device]) scratch[device] = detail::make_event_in(detail::primary_context(device));
   scratch[device]->record(earlier);
   return later.wait(*scratch[device]);
 }

@@ -522,17 +522,7 @@ class basic_stream_buffer {
   static std::unique_ptr<event> event_after(stream_ref s) {
     CUcontext ctx = nullptr;
     detail::check(detail::cu::cuStreamGetCtx_nothrow(s.get(), &ctx), "cuStreamGetCtx");
-    detail::cu::cuCtxPushCurrent(ctx);
-    std::unique_ptr<event> e;
-    try {
-      e = std::make_unique<event>();
-    } catch (...) {
-      CUcontext popped = nullptr;
-      (void)detail::cu::cuCtxPopCurrent_nothrow(&popped);
-      throw;
-    }
-    CUcontext popped = nullptr;
-    (void)detail::cu::cuCtxPopCurrent_nothrow(&popped);
+    std::unique_ptr<event> e = detail::make_event_in(ctx);
     e->record(s);
     return e;
   }
