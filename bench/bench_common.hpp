@@ -9,10 +9,12 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -101,6 +103,22 @@ inline streamalloc::pool_properties kept() {
   p.release_threshold = std::numeric_limits<std::size_t>::max();
   return p;
 }
+
+using clk = std::chrono::steady_clock;
+inline double seconds_since(clk::time_point t) { return std::chrono::duration<double>(clk::now() - t).count(); }
+
+/// The rows of a bench's results JSON, one object per measure: {"measure": name, fields}.
+class json_rows {
+ public:
+  void add(const std::string& name, const std::string& fields) {
+    out_ << (count_++ ? ",\n" : "") << "    {\"measure\": \"" << name << "\", " << fields << "}";
+  }
+  [[nodiscard]] std::string str() const { return out_.str(); }
+
+ private:
+  std::ostringstream out_;
+  int count_ = 0;
+};
 
 inline std::string json_escape(const std::string& s) {
   std::string o;

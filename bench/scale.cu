@@ -32,17 +32,13 @@
 
 namespace {
 
-using clk = std::chrono::steady_clock;
+using bench::clk;
+using bench::seconds_since;
 constexpr std::size_t KiB = 1024, MiB = 1024 * KiB;
 bool quick = false;
-std::ostringstream json_rows;
-int json_count = 0;
+bench::json_rows rows;
 
-double seconds_since(clk::time_point t) { return std::chrono::duration<double>(clk::now() - t).count(); }
-
-void json_row(const std::string& name, const std::string& fields) {
-  json_rows << (json_count++ ? ",\n" : "") << "    {\"measure\": \"" << name << "\", " << fields << "}";
-}
+void json_row(const std::string& name, const std::string& fields) { rows.add(name, fields); }
 
 /// Resident host memory of this process, in KiB (from /proc/self/statm).
 long resident_kib() {
@@ -253,7 +249,7 @@ int main(int argc, char** argv) {
   if (!json.empty()) {
     std::ofstream out(json);
     out << "{\n  \"bench\": \"scale\",\n  \"gpu\": \"" << bench::json_escape(gpu.name) << "\",\n  \"driver\": " << gpu.driver
-        << ",\n  \"quick\": " << (quick ? "true" : "false") << ",\n  \"rows\": [\n" << json_rows.str() << "\n  ]\n}\n";
+        << ",\n  \"quick\": " << (quick ? "true" : "false") << ",\n  \"rows\": [\n" << rows.str() << "\n  ]\n}\n";
     std::printf("\nwrote %s\n", json.c_str());
   }
   return 0;

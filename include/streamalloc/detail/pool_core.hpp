@@ -35,6 +35,7 @@
 // memory freed on such a stream A therefore needs proof learned while A was in hand (an event
 // the pool recorded on A during one of A's calls, a host synchronization, an event wait).
 
+#include <streamalloc/detail/address_ranges.hpp>
 #include <streamalloc/detail/block.hpp>
 #include <streamalloc/detail/free_bins.hpp>
 #include <streamalloc/detail/live_table.hpp>
@@ -115,7 +116,7 @@ class pool_core final : public completion_listener {
     if (options_.max_size != 0) options_.max_size = round_up(options_.max_size, granularity_);
     va_size_ = round_up(options_.address_space, granularity_);
     va_base_ = backend_.reserve(va_size_);
-    va_free_.emplace(va_base_, va_size_);
+    va_free_.give_back(va_base_, va_size_);
     serial_ = next_serial().fetch_add(1, std::memory_order_relaxed) + 1;
     ordering().add_listener(this);
   }
@@ -813,76 +814,6 @@ class pool_core final : public completion_listener {
 
   // --- growth, defragmentation, release --------------------------------------------------------
 
-  /// Unmapped addresses: first fit of `bytes`, preferring right after `after` if free there.
-  std::optional<std::uint64_t> take_va(std::uint64_t bytes, std::uint64_t after = 0) {
-    if (after != 0) {
-      if (auto at = take_va_at(bytes, after)) return at;
-    }
-    for (auto it = va_free_.begin(); it != va_free_.end(); ++it) {
-      if (it->second >= bytes) {
-        const std::uint64_t at = it->first;
-        carve_va(it, at, bytes);
-        return at;
-      }
-    }
-    return std::nullopt;
-  }
-  /// Unmapped addresses [at, at + bytes), only if all of them are free.
-  std::optional<std::uint64_t> take_va_at(std::uint64_t bytes, std::uint64_t at) {
-    auto it = va_free_.upper_bound(at);
-    if (it == va_free_.begin()) return std::nullopt;
-    --it;
-    if (it->first > at || it->first + it->second < at + bytes) return std::nullopt;
-    carve_va(it, at, bytes);
-    return at;
-  }
-  /// Unmapped addresses at the top of the highest free range that holds `bytes`: large runs
-  /// placed there one after another are adjacent, and share page tables.
-  std::optional<std::uint64_t> take_va_top(std::uint64_t bytes) {
-    for (auto it = va_free_.rbegin(); it != va_free_.rend(); ++it) {
-      if (it->second >= bytes) {
-        const std::uint64_t at = it->first + it->second - bytes;
-        carve_va(std::prev(it.base()), at, bytes);
-        return at;
-      }
-    }
-    return std::nullopt;
-  }
-  /// Unmapped addresses for a run that may want to grow in place (grow_in_place maps memory
-  /// right after a run): the middle of the largest unmapped range, so that each such run has
-  /// about half of a free range after it, rather than the next run. Null when no range holds
-  /// twice `bytes`.
-  std::optional<std::uint64_t> take_va_spaced(std::uint64_t bytes) {
-    auto best = va_free_.end();
-    for (auto it = va_free_.begin(); it != va_free_.end(); ++it) {
-      if (best == va_free_.end() || it->second > best->second) best = it;
-    }
-    if (best == va_free_.end() || best->second < 2 * bytes) return std::nullopt;
-    const std::uint64_t at = best->first + (best->second - bytes) / 2 / granularity_ * granularity_;
-    carve_va(best, at, bytes);
-    return at;
-  }
-  void carve_va(std::map<std::uint64_t, std::uint64_t>::iterator it, std::uint64_t at, std::uint64_t bytes) {
-    const std::uint64_t start = it->first, size = it->second;
-    va_free_.erase(it);
-    if (at > start) va_free_.emplace(start, at - start);
-    if (at + bytes < start + size) va_free_.emplace(at + bytes, start + size - at - bytes);
-  }
-  void give_back_va(std::uint64_t at, std::uint64_t bytes) {
-    auto next = va_free_.lower_bound(at);
-    if (next != va_free_.end() && next->first == at + bytes) {
-      bytes += next->second;
-      next = va_free_.erase(next);
-    }
-    if (next != va_free_.begin()) {
-      auto prev = std::prev(next);
-      if (prev->first + prev->second == at) {
-        prev->second += bytes;
-        return;
-      }
-    }
-    va_free_.emplace(at, bytes);
-  }
 
   /// The free block `st` may use that ends a mapped run and has room after it for what a
   /// request of `n` bytes lacks (rounded up to `unit`), the largest such: growing or remapping
@@ -896,8 +827,7 @@ class pool_core final : public completion_listener {
       const block_state ls = state_of(last);
       if (ls != block_state::clear && ls != block_state::pending) continue;
       if (last->bins != &clear_ && last->bins != &st.pending) continue;
-      auto room = va_free_.find(end);
-      if (room == va_free_.end() || room->second < round_up(n - std::min(n, last->size), unit)) continue;
+      if (!va_free_.has_room(end, round_up(n - std::min(n, last->size), unit))) continue;
       if (best == nullptr || last->size > best->size) best = last;
     }
     return best;
@@ -964,7 +894,7 @@ class pool_core final : public completion_listener {
     if (options_.max_size != 0 && reserved_ + total > options_.max_size) return nullptr;
     // Refused before any handle is made (or listed): more than the largest run of free addresses
     // can never be mapped together, however much memory the device has.
-    if (total > largest_free_va()) return nullptr;
+    if (total > va_free_.largest()) return nullptr;
     std::vector<std::uint64_t> sizes;
     if (one_piece) {
       sizes.push_back(total);
@@ -993,7 +923,7 @@ class pool_core final : public completion_listener {
     std::optional<std::uint64_t> va;
     // Right after the tail or not at all: a tail chosen again above had its room checked for
     // its own size, which may be less than `total`.
-    if (tail != nullptr) va = take_va_at(total, tail->addr + tail->size);
+    if (tail != nullptr) va = va_free_.take_at(total, tail->addr + tail->size);
     if (!va && total < n) {  // away from the tail, too little to hold the request
       for (auto& h : handles) backend_.release(h);
       // The release took the tail this growth was sized for, and freed device memory: sized
@@ -1003,8 +933,10 @@ class pool_core final : public completion_listener {
     // A large request starts a run of its own: with room to grow in place after it, or next
     // to the other large runs, at the top of the addresses (chunk runs grow at the bottom),
     // where the GPU page tables are already built.
-    if (!va && own) va = where == placement::room_to_grow ? take_va_spaced(total) : take_va_top(total);
-    if (!va) va = take_va(total);
+    if (!va && own) {
+      va = where == placement::room_to_grow ? va_free_.take_spaced(total, granularity_) : va_free_.take_top(total);
+    }
+    if (!va) va = va_free_.take(total);
     if (!va) {
       for (auto& h : handles) backend_.release(h);
       return nullptr;
@@ -1019,12 +951,6 @@ class pool_core final : public completion_listener {
     return find_usable(n, st);
   }
 
-  /// The longest run of unmapped addresses in the reservation.
-  std::uint64_t largest_free_va() const noexcept {
-    std::uint64_t largest = 0;
-    for (const auto& [start, size] : va_free_) largest = std::max(largest, size);
-    return largest;
-  }
 
   /// `bytes` more physical memory are held.
   void note_growth(std::uint64_t bytes) noexcept {
@@ -1062,14 +988,11 @@ class pool_core final : public completion_listener {
       const std::uint64_t end = last->addr + last->size;
       const std::uint64_t bytes = round_up(n - have, granularity_);
       if (options_.max_size != 0 && reserved_ + bytes > options_.max_size) return false;
-      auto room = va_free_.upper_bound(end);
-      if (room == va_free_.begin()) return false;
-      --room;
-      if (room->first > end || room->first + room->second < end + bytes) return false;
+      if (!va_free_.has_room(end, bytes)) return false;
       handle h{};
       // No retry after releasing cached chunks here: the free blocks after `b` may be among them.
       if (backend_.create(bytes, h) != CUDA_SUCCESS) return false;
-      carve_va(room, end, bytes);
+      (void)va_free_.take_at(bytes, end);  // room was checked under the same lock
       note_growth(bytes);
       place_chunk(end, chunk{bytes, std::move(h)}, &clear_, &st);
     }
@@ -1193,10 +1116,10 @@ class pool_core final : public completion_listener {
     for (auto& m : picked) bytes += m.second;
     std::optional<std::uint64_t> at;
     const std::uint64_t tail_end = tail != nullptr ? tail->addr + tail->size : 0;
-    if (tail != nullptr) at = take_va_at(bytes, tail_end);
+    if (tail != nullptr) at = va_free_.take_at(bytes, tail_end);
     if (!at && tail != nullptr && bytes < n) return nullptr;  // would not hold the request alone
     if (!at) {
-      at = take_va(bytes);
+      at = va_free_.take(bytes);
       if (!at) return nullptr;
     }
     std::uint64_t dst = *at;
@@ -1204,7 +1127,7 @@ class pool_core final : public completion_listener {
       cut_out(va, size);
       auto node = chunks_.extract(va);
       backend_.unmap(va, size);
-      give_back_va(va, size);
+      va_free_.give_back(va, size);
       place_chunk(dst, std::move(node.mapped()), &clear_, &st);
       dst += size;
       ++remapped_;
@@ -1226,7 +1149,7 @@ class pool_core final : public completion_listener {
       auto node = chunks_.extract(va);
       backend_.unmap(va, size);
       backend_.release(node.mapped().h);
-      give_back_va(va, size);
+      va_free_.give_back(va, size);
       reserved_ -= size;
       free_bytes -= size;
       released += size;
@@ -1317,7 +1240,7 @@ class pool_core final : public completion_listener {
   std::map<std::uint64_t, block*> by_addr_;           // every block, live or free
   std::map<std::uint64_t, chunk> chunks_;             // mapped physical memory by address
   std::map<std::uint64_t, std::uint64_t> runs_;       // contiguous mapped runs: start -> end
-  std::map<std::uint64_t, std::uint64_t> va_free_;    // unmapped addresses: start -> size
+  address_ranges va_free_;                             // unmapped addresses of the reservation
   std::unordered_map<std::uint64_t, stream_state*> states_;  // the streams in use, by id
   std::vector<std::unique_ptr<stream_state>> state_store_;    // every state made, owned
   std::atomic<stream_state*> states_head_{nullptr};           // the same, for lock-free walks
