@@ -1,8 +1,9 @@
 // How streamalloc's costs grow with the work, beside cudaMallocAsync in the same process:
 //   1. ring    a hand-off ring over N streams: allocate on s[i], record an event, s[i+1] waits
 //              on it, free on s[i+1]; ns per round at N = 2 .. 10,000
-//   2. churn   streams made, used (allocate + free 4 KiB) and destroyed, one after another:
-//              us per stream over each block of 1,000, and the host memory the process holds
+//   2. churn   streams made, used (allocate + free 4 KiB) and destroyed, one after another, a
+//              million of them: us per stream over each block of 1,000, the records streamalloc
+//              holds, and the host memory the process holds
 //   3. live    L live blocks (256 B .. 4 KiB, one stream): ns per allocate, then per free,
 //              at L = 1,000 .. 1,000,000
 //   4. pools   pools made one after another, each allocating and growing a buffer in place,
@@ -103,17 +104,26 @@ void ring() {
 
 // --- 2. stream churn --------------------------------------------------------------------------
 
+// What streamalloc itself holds for streams: ordering records and their clock entries.
+streamalloc::detail::ordering_registry::census_counts library_held() {
+  return streamalloc::detail::ordering().census();
+}
+
 void churn() {
-  const int total = quick ? 4000 : 16000, block = 1000;
+  // A million streams for streamalloc (a long-running server's day); the driver's loop, which
+  // the first rows compare with, stops at 16,000.
+  const int total = quick ? 4000 : 1000000, driver_total = quick ? 4000 : 16000, block = 1000;
   std::printf("\n2. streams made, used (allocate + free 4 KiB) and destroyed: us per stream over blocks of %d\n",
               block);
-  std::printf("%10s %12s %14s %12s %14s\n", "made so far", "streamalloc", "host KiB held", "driver", "host KiB held");
+  std::printf("%10s %12s %10s %14s %12s %14s\n", "made so far", "streamalloc", "records", "host KiB held", "driver",
+              "host KiB held");
   streamalloc::pool pool(bench::kept());
   cudaMemPool_t dp = bench::make_driver_pool();
+  const auto held0 = library_held();
   const long rss0 = resident_kib();
-  long rss_ours = rss0;
   std::vector<double> ours, async;
-  std::vector<long> held_ours, held_async;
+  std::vector<long> rss_ours, rss_async;
+  std::vector<std::size_t> records;
   for (int done = 0; done < total; done += block) {
     auto t = clk::now();
     for (int i = 0; i < block; ++i) {
@@ -121,11 +131,12 @@ void churn() {
       pool.deallocate(pool.allocate(4 * KiB, s), s);
     }
     ours.push_back(seconds_since(t) * 1e6 / block);
-    rss_ours = resident_kib();
-    held_ours.push_back(rss_ours - rss0);
+    rss_ours.push_back(resident_kib() - rss0);
+    records.push_back(library_held().records);
   }
+  const auto held1 = library_held();
   const long rss1 = resident_kib();
-  for (int done = 0; done < total; done += block) {
+  for (int done = 0; done < driver_total; done += block) {
     auto t = clk::now();
     for (int i = 0; i < block; ++i) {
       cudaStream_t s;
@@ -136,18 +147,36 @@ void churn() {
       BENCH_CHECK(cudaStreamDestroy(s));
     }
     async.push_back(seconds_since(t) * 1e6 / block);
-    held_async.push_back(resident_kib() - rss1);
+    rss_async.push_back(resident_kib() - rss1);
   }
   for (std::size_t k = 0; k < ours.size(); ++k) {
     const int made = static_cast<int>(k + 1) * block;
-    std::printf("%10d %12.1f %14ld %12.1f %14ld\n", made, ours[k], held_ours[k], async[k], held_async[k]);
-    json_row("churn_" + std::to_string(made),
-             "\"streams_made\": " + std::to_string(made) + ", \"streamalloc_us\": " + std::to_string(ours[k]) +
-                 ", \"streamalloc_host_kib\": " + std::to_string(held_ours[k]) + ", \"cudaMallocAsync_us\": " +
-                 std::to_string(async[k]) + ", \"driver_host_kib\": " + std::to_string(held_async[k]));
+    // Every row while the driver's loop runs beside; then at each doubling, and the last.
+    const int m = made / block;
+    if (k >= async.size() && (m & (m - 1)) != 0 && k + 1 != ours.size()) continue;
+    const bool drv = k < async.size();
+    std::printf("%10d %12.1f %10zu %14ld", made, ours[k], records[k], rss_ours[k]);
+    if (drv) std::printf(" %12.1f %14ld", async[k], rss_async[k]);
+    std::printf("\n");
+    std::string fields = "\"streams_made\": " + std::to_string(made) + ", \"streamalloc_us\": " + std::to_string(ours[k]) +
+                         ", \"streamalloc_records\": " + std::to_string(records[k]) +
+                         ", \"streamalloc_host_kib\": " + std::to_string(rss_ours[k]);
+    if (drv) {
+      fields += ", \"cudaMallocAsync_us\": " + std::to_string(async[k]) +
+                ", \"driver_host_kib\": " + std::to_string(rss_async[k]);
+    }
+    json_row("churn_" + std::to_string(made), fields);
   }
-  std::printf("   last block / first block: streamalloc %.2fx, driver %.2fx\n", ours.back() / ours.front(),
-              async.back() / async.front());
+  std::printf("   last block / first block: streamalloc %.2fx over %d streams, driver %.2fx over %d\n",
+              ours.back() / ours.front(), total, async.back() / async.front(), driver_total);
+  std::printf("   streamalloc's records: %zu before, %zu after (clock entries %zu, %zu); process memory %+ld KiB\n",
+              held0.records, held1.records, held0.clock_entries, held1.clock_entries, rss1 - rss0);
+  json_row("churn_summary", "\"streams_made\": " + std::to_string(total) + ", \"last_over_first\": " +
+                                std::to_string(ours.back() / ours.front()) + ", \"records_before\": " +
+                                std::to_string(held0.records) + ", \"records_after\": " + std::to_string(held1.records) +
+                                ", \"clock_entries_before\": " + std::to_string(held0.clock_entries) +
+                                ", \"clock_entries_after\": " + std::to_string(held1.clock_entries) +
+                                ", \"host_kib_after\": " + std::to_string(rss1 - rss0));
   BENCH_CHECK(cudaMemPoolDestroy(dp));
 }
 

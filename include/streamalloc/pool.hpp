@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -80,11 +81,13 @@ struct pool_properties {
   bool compact = false;
   /// Handle types the pool's memory can be exported as (kept for IPC).
   shareable_handle_type handle_types = shareable_handle_type::none;
-  /// Virtual addresses to reserve up front; 0: four times the maximum size, or four times the
-  /// memory of the location (at most 2^50 bytes). Defragmentation and growth in place need
-  /// addresses beyond the physical memory, and the pool never grows past them: each growth
-  /// maps a chunk (`chunk_size`) or a large request whole into unmapped addresses. Above 2^50
-  /// bytes it is refused (no device's address space is that large).
+  /// The most virtual addresses the pool reserves; 0: four times the maximum size, or four
+  /// times the memory of the location (at most 2^50 bytes). Defragmentation and growth in
+  /// place need addresses beyond the physical memory, and the pool never grows past them: each
+  /// growth maps a chunk (`chunk_size`) or a large request whole into unmapped addresses. They
+  /// are reserved as needed: 8 GiB (or 16 chunks, or all of them if less) when the pool is
+  /// made, then each time at least as much again as the pool holds, so thousands of pools fit
+  /// in a process. Above 2^50 bytes it is refused (no device's address space is that large).
   std::size_t address_space = 0;
 };
 
@@ -144,32 +147,33 @@ class pool_ref;
 namespace detail {
 using vmm_pool_core = pool_core<vmm_backend>;
 
-/// Every live pool's address range, for finding the pool of a pointer.
+/// Every live pool's reservations, by address, for finding the pool of a pointer (a lookup in
+/// a process with thousands of pools costs a map search, not a walk over them).
 class pool_directory {
  public:
   void add(pool* p, std::uint64_t base, std::uint64_t size) {
     std::unique_lock lock(mutex_);
-    entries_.push_back({base, size, p});
+    entries_[base] = {base + size, p};
   }
   void remove(pool* p) {
     std::unique_lock lock(mutex_);
-    std::erase_if(entries_, [p](const entry& e) { return e.owner == p; });
+    std::erase_if(entries_, [p](const auto& e) { return e.second.owner == p; });
   }
   pool* find(std::uint64_t addr) {
     std::shared_lock lock(mutex_);
-    for (const entry& e : entries_) {
-      if (addr - e.base < e.size) return e.owner;
-    }
-    return nullptr;
+    auto it = entries_.upper_bound(addr);
+    if (it == entries_.begin()) return nullptr;
+    --it;
+    return addr < it->second.end ? it->second.owner : nullptr;
   }
 
  private:
   struct entry {
-    std::uint64_t base, size;
+    std::uint64_t end;
     pool* owner;
   };
   std::shared_mutex mutex_;
-  std::vector<entry> entries_;
+  std::map<std::uint64_t, entry> entries_;  // reservation base -> its end, its pool
 };
 
 inline pool_directory& pools() {
@@ -296,10 +300,16 @@ class pool {
     o.chunk_size = props.compact && props.chunk_size == 0 ? g : props.chunk_size;
     o.own_chunk_for_large = !props.compact;
     o.address_space = space;
+    props_.address_space = space;  // properties() reports the limit in force
+    o.on_reserve = [this](std::uint64_t base, std::uint64_t size) { detail::pools().add(this, base, size); };
     o.reuse = {props.reuse.follow_event_dependencies, props.reuse.opportunistic, props.reuse.internal_dependencies};
     detail::ensure_context(device);
-    core_ = std::make_unique<detail::vmm_pool_core>(detail::vmm_backend(props.location, opts, std::move(access)), o);
-    detail::pools().add(this, core_->base(), core_->address_space());
+    try {
+      core_ = std::make_unique<detail::vmm_pool_core>(detail::vmm_backend(props.location, opts, std::move(access)), o);
+    } catch (...) {
+      detail::pools().remove(this);
+      throw;
+    }
   }
 
   pool(const pool&) = delete;
@@ -591,24 +601,30 @@ class pool {
   }
 
   /// The part of an out-of-memory message that blames the addresses, when they are short:
-  /// when the least the pool could have grown by for `bytes` does not fit in its unmapped
-  /// addresses (every mapped byte takes one address, so `address_space - reserved` are left
-  /// at most), growing was impossible whatever memory the device has. Addresses too
-  /// fragmented for the growth are not detected: the message then says nothing rather than
-  /// blame them wrongly.
+  /// when the least the pool could have grown by for `bytes` does not fit in the addresses it
+  /// may still use (every mapped byte takes one address, so at most `address_space - reserved`
+  /// are left), or when the driver refused to reserve more (the process's addresses ran out),
+  /// growing was impossible whatever memory the device has. Addresses too fragmented for the
+  /// growth are not detected: the message then says nothing rather than blame them wrongly.
   std::string address_shortage(std::size_t bytes) const {
     const auto& o = core_->options();
     const std::uint64_t g = core_->granularity();
     const std::uint64_t space = core_->address_space();
     const std::uint64_t mapped = core_->statistics().reserved_current;
+    const std::uint64_t taken = core_->addresses_reserved();
     // A request of a chunk or more (outside compact pools) grows by its own size, rounded to
     // the granularity; any other by whole chunks, at least one (fewer bytes when extending a
     // free tail, but never less than a chunk), except under max_size, where a single granule
     // may do.
     std::uint64_t least = o.max_size == 0 ? o.chunk_size : g;
     if (o.own_chunk_for_large && bytes >= o.chunk_size) least = (bytes + g - 1) / g * g;
+    if (const std::uint64_t refused = core_->refused_reservation(); refused != 0) {
+      return " (the process's virtual addresses ran out: the driver refused to reserve " + std::to_string(refused) +
+             " more bytes of addresses for the pool, which holds " + std::to_string(taken) + " bytes of addresses, " +
+             std::to_string(mapped) + " of them mapped)";
+    }
     if (mapped <= space && least <= space - mapped) return {};
-    return " (the pool's addresses are used up: it reserves " + std::to_string(space) + " bytes of addresses, " +
+    return " (the pool's addresses are used up: it may reserve " + std::to_string(space) + " bytes of addresses, " +
            std::to_string(mapped) + " of them mapped, and growing for this request needs " + std::to_string(least) +
            " more: raise pool_properties::address_space)";
   }

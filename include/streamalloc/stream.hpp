@@ -225,7 +225,7 @@ class stream {
     detail::check(r, "cuStreamCreateWithPriority");
     stream_ = s;
     try {
-      record_ = &detail::resolve_stream(s);
+      record_ = detail::record_ref(detail::resolve_stream(s));
       record_->mark_handle_stable();  // valid until reset() retires it
     } catch (...) {
       (void)detail::cu::cuStreamDestroy_nothrow(s);
@@ -233,12 +233,12 @@ class stream {
     }
   }
 
-  stream(stream&& o) noexcept : stream_(std::exchange(o.stream_, nullptr)), record_(std::exchange(o.record_, nullptr)) {}
+  stream(stream&& o) noexcept : stream_(std::exchange(o.stream_, nullptr)), record_(std::move(o.record_)) {}
   stream& operator=(stream&& o) noexcept {
     if (this != &o) {
       reset();
       stream_ = std::exchange(o.stream_, nullptr);
-      record_ = std::exchange(o.record_, nullptr);
+      record_ = std::move(o.record_);
     }
     return *this;
   }
@@ -246,7 +246,7 @@ class stream {
   stream& operator=(const stream&) = delete;
   ~stream() { reset(); }
 
-  [[nodiscard]] stream_ref ref() const noexcept { return stream_ref(stream_, record_); }
+  [[nodiscard]] stream_ref ref() const noexcept { return stream_ref(stream_, record_.get()); }
   operator stream_ref() const noexcept { return ref(); }  // NOLINT: an owner views as its ref
   [[nodiscard]] cudaStream_t get() const noexcept { return stream_; }
   stream_order wait(event_ref e) const;
@@ -255,7 +255,7 @@ class stream {
   /// The device the stream belongs to.
   /// @throws std::logic_error for a moved-from stream
   [[nodiscard]] int device() const {
-    if (record_ == nullptr) [[unlikely]] throw std::logic_error("streamalloc::stream::device: the stream was moved from");
+    if (!record_) [[unlikely]] throw std::logic_error("streamalloc::stream::device: the stream was moved from");
     return record_->device();
   }
 
@@ -266,10 +266,11 @@ class stream {
     detail::ordering().retire(record_->id());
     (void)detail::cu::cuStreamDestroy_nothrow(stream_);
     stream_ = nullptr;
+    record_.reset();  // the record goes once the pools and buffers holding it let go too
   }
 
   cudaStream_t stream_ = nullptr;
-  detail::stream_record* record_ = nullptr;
+  detail::record_ref record_;
 };
 
 /**

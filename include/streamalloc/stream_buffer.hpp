@@ -454,7 +454,7 @@ class basic_stream_buffer {
 
   struct reader {
     stream_ref stream;
-    detail::stream_record* record;  // kept: the stream may be gone when the buffer is freed
+    detail::record_ref record;  // held: the stream may be gone when the buffer is freed
     std::uint64_t stamp;
     // For a stream whose handle may not be used later (see note_reader): an event recorded
     // right after the read, while the handle was in hand.
@@ -514,7 +514,7 @@ class basic_stream_buffer {
     // covered now by an event recorded after its read.
     std::unique_ptr<event> after;
     if (!r.handle_stable()) after = event_after(s);
-    readers_.push_back({s, &r, stamp, std::move(after)});
+    readers_.push_back({s, detail::record_ref(r), stamp, std::move(after)});
   }
 
   /// An event recorded on `s` now, made in `s`'s context (an event is recorded only on streams
@@ -531,7 +531,7 @@ class basic_stream_buffer {
   // free: where streamalloc cannot see that they are, it makes the free wait for them.
   void order_readers() {
     for (const reader& r : readers_) {
-      if (r.record == &stream_.record()) continue;  // the same stream (not merely the same handle)
+      if (r.record.get() == &stream_.record()) continue;  // the same stream (not merely the same handle)
       if (stream_.record().ordered_after(r.record->id()) >= r.stamp || r.record->completed() >= r.stamp) continue;
       if (r.after) {
         (void)stream_.wait(*r.after);

@@ -12,12 +12,14 @@
 //   FAKE_CUDA_NO_POSIX_FD     1: devices cannot export POSIX file descriptors
 //   FAKE_CUDA_MISSING         a symbol cuGetProcAddress reports as not found
 //   FAKE_CUDA_DEVICE_MEMORY   bytes of memory per device (default 8 GiB)
+//   FAKE_CUDA_ADDRESS_SPACE   bytes of virtual addresses the process may reserve (default 64 TiB)
 
 #include <cuda.h>
 
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
@@ -198,13 +200,29 @@ CUresult fake_cuMemGetAllocationGranularity(std::size_t* g, const CUmemAllocatio
 }
 
 CUresult fake_cuMemAddressReserve(CUdeviceptr* p, std::size_t size, std::size_t alignment,
-                                  CUdeviceptr, unsigned long long flags) {
+                                  CUdeviceptr hint, unsigned long long flags) {
   if (CUresult r = need_context()) return r;
   if (size == 0 || size % 4096 != 0 || flags != 0 || (alignment & (alignment - 1)) != 0)
     return CUDA_ERROR_INVALID_VALUE;
-  if (size > (1ULL << 46)) return CUDA_ERROR_OUT_OF_MEMORY;
+  const char* space = std::getenv("FAKE_CUDA_ADDRESS_SPACE");
+  const std::size_t limit = space != nullptr && *space != '\0' ? std::strtoull(space, nullptr, 10) : (1ULL << 46);
   std::lock_guard lock(S().m);
+  std::size_t reserved = 0;
+  for (const auto& [at, bytes] : S().reservations) reserved += bytes;
+  if (size > limit - std::min(limit, reserved)) return CUDA_ERROR_OUT_OF_MEMORY;
   std::size_t align = alignment > granularity ? alignment : granularity;
+  // The hint is honoured when the range there is free, as the driver usually does.
+  if (hint != 0 && hint % align == 0) {
+    auto next = S().reservations.lower_bound(hint);
+    const bool free_after = next == S().reservations.end() || next->first >= hint + size;
+    const bool free_before = next == S().reservations.begin() || std::prev(next)->first + std::prev(next)->second <= hint;
+    if (free_after && free_before) {
+      S().reservations[hint] = size;
+      if (hint + size + granularity > S().next_address) S().next_address = hint + size + granularity;
+      *p = hint;
+      return CUDA_SUCCESS;
+    }
+  }
   CUdeviceptr a = (S().next_address + align - 1) / align * align;
   S().next_address = a + size + granularity;  // a guard gap, so ranges never touch
   S().reservations[a] = size;

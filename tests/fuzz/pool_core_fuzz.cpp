@@ -128,7 +128,7 @@ struct point {
 };
 
 struct model_stream {
-  stream_record* record = nullptr;
+  record_ref record;       // held for the input's life: the model looks at destroyed streams too
   void* native = nullptr;  // the handle value callers pass
   bool stable = false;     // record marked handle-stable (a streamalloc-owned stream)
   bool alive = true;       // not destroyed (nor retired)
@@ -178,6 +178,7 @@ struct fuzz_backend {
 
   std::uint64_t granularity() const { return sim.granularity(); }
   std::uint64_t reserve(std::uint64_t bytes) { return sim.reserve(bytes); }
+  std::uint64_t try_reserve(std::uint64_t bytes, std::uint64_t at) { return sim.try_reserve(bytes, at); }
   CUresult create(std::uint64_t bytes, handle& out);
   void map(std::uint64_t va, std::uint64_t bytes, handle& hd);
   void unmap(std::uint64_t va, std::uint64_t bytes);
@@ -192,9 +193,10 @@ struct fuzz_backend {
 
 using core = pool_core<fuzz_backend>;
 
-/// Gives the process a fresh ordering registry. Records are never freed (pointers to them stay
-/// valid for the process's life), so a fuzzer running millions of inputs would grow without
-/// bound; and fresh ids per input keep a replayed input's behaviour the same as when found.
+/// Gives the process a fresh ordering registry. Records of streams never retired (raw ones, the
+/// legacy default stream) stay for the process's life, so a fuzzer running millions of inputs
+/// would grow without bound; and fresh ids per input keep a replayed input's behaviour the same
+/// as when found.
 /// Nothing refers to the old records here: the input's pool is gone, and the core's per-thread
 /// cache of states is keyed by the pool's serial, never reused.
 void reset_ordering() {
@@ -296,11 +298,11 @@ class harness {
 
   std::size_t index_of(const stream_record* r) const {
     for (std::size_t i = 0; i < streams_.size(); ++i) {
-      if (streams_[i].record == r) return i;
+      if (streams_[i].record.get() == r) return i;
     }
     return none;
   }
-  stream_key key_of(std::size_t s) const { return {streams_[s].record, streams_[s].native}; }
+  stream_key key_of(std::size_t s) const { return {streams_[s].record.get(), streams_[s].native}; }
 
   // --- the model ----------------------------------------------------------------------------
 
@@ -408,7 +410,7 @@ class harness {
     stream_record& h = ordering().record(~std::uint64_t{0});
     h.mark_completed(~std::uint64_t{0} >> 1);
     streams_.push_back({});
-    streams_[host].record = &h;
+    streams_[host].record = record_ref(h);
     streams_[host].retirable = false;
     const int first = 1 + (b6 & 3);
     for (int i = 0; i < first; ++i) make_stream(((b6 >> (2 + i)) & 1) ? 0 : 2);
@@ -419,7 +421,7 @@ class harness {
   void make_stream(std::uint8_t kind) {
     if (streams_.size() == max_streams) return;
     model_stream m;
-    m.record = &ordering().record(next_id_++);
+    m.record = record_ref(ordering().record(next_id_++));
     switch (kind % 7) {
       case 0:
       case 1:  // a streamalloc stream
@@ -546,13 +548,22 @@ class harness {
     const std::uint64_t chunk = o.chunk_size;
     const std::uint64_t need = round_up(n, chunk) + chunk;
     if (dev_->capacity - dev_->physical_used < need + chunk) return;
-    std::uint64_t largest = 0, at = pool_->base();
-    const std::uint64_t end = pool_->base() + pool_->address_space();
-    for (auto it = dev_->mapped.lower_bound(pool_->base()); it != dev_->mapped.end() && it->first < end; ++it) {
-      largest = std::max(largest, it->first - at);
-      at = it->first + it->second;
+    // The largest unmapped range inside one reservation, or the addresses the pool may still
+    // reserve (in one piece, as the driver here always can).
+    std::uint64_t largest = 0, reserved = 0;
+    for (const auto& [base, size] : pool_->reservations()) {
+      reserved += size;
+      std::uint64_t at = base;
+      const std::uint64_t end = base + size;
+      for (auto it = dev_->mapped.lower_bound(base); it != dev_->mapped.end() && it->first < end; ++it) {
+        largest = std::max(largest, it->first - at);
+        at = it->first + it->second;
+      }
+      largest = std::max(largest, end - at);
     }
-    largest = std::max(largest, end - at);
+    if (pool_->reservations().size() < reservation_list::max_count) {
+      largest = std::max(largest, pool_->address_space() - std::min(reserved, pool_->address_space()));
+    }
     if (largest < 2 * need + chunk) return;
     fail("out of memory for %llu bytes with no limit, %llu bytes free on the device and %llu free addresses in one "
          "range: %s",

@@ -107,6 +107,35 @@ TEST_CASE("placement: packed large allocations are adjacent; room_to_grow ones g
   CHECK(p.statistics().live_allocations == 0);
 }
 
+TEST_CASE("addresses are reserved as needed: a run goes on past its reservation; a later one serves a large request") {
+  SA_CUDA_REQUIRE(cudaSetDevice(0));
+  pool p(pool_properties{.chunk_size = 2 * MiB});
+  stream s(0);
+  // A packed large allocation sits at the top of the first reservation (8 GiB): growing it in
+  // place reserves the addresses right after it, and the run goes on into them.
+  void* top = p.allocate(256 * MiB, s);
+  CHECK(p.grow_in_place(top, 1024 * MiB, s) == 1024 * MiB);
+  // More than the first reservation holds: mapped into a reservation of its own.
+  const std::size_t big_bytes = std::size_t{12} << 30;
+  void* big = p.allocate(big_bytes, s);
+  const auto found = find_pool(static_cast<char*>(big) + big_bytes - 1);
+  REQUIRE(found.has_value());
+  CHECK(&found->get() == &p);
+  CHECK(p.owns(static_cast<char*>(top) + 1024 * MiB - 1));
+  counter bad;
+  fill_async(top, 1024 * MiB, 31, s.get());
+  fill_async(big, big_bytes, 32, s.get());
+  check_async(top, 1024 * MiB, 31, bad.d, s.get());
+  check_async(big, big_bytes, 32, bad.d, s.get());
+  s.synchronize();
+  CHECK(bad.read() == 0);
+  p.deallocate(top, s);
+  p.deallocate(big, s);
+  s.synchronize();
+  p.trim_to(0);
+  CHECK(p.statistics().reserved_current == 0);
+}
+
 TEST_CASE("zero bytes is nullptr; freeing nullptr does nothing") {
   pool p;
   stream s(0);

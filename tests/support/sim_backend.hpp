@@ -6,6 +6,7 @@
 
 #include <streamalloc/detail/pool_core.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -23,7 +24,24 @@ struct sim_device {
   std::uint64_t next_handle = 1;
   std::map<std::uint64_t, std::uint64_t> handles;  // live handle -> size
   std::map<std::uint64_t, std::uint64_t> mapped;   // va -> size
+  std::map<std::uint64_t, std::uint64_t> reserved;  // reservation base -> size
+  std::uint64_t addresses_left = ~0ull;             // the process's address space, as it runs out
   std::uint64_t creates = 0, releases = 0, maps = 0, unmaps = 0;
+
+  /// Is [va, va + bytes) inside one reservation?
+  bool in_one_reservation(std::uint64_t va, std::uint64_t bytes) const {
+    auto it = reserved.upper_bound(va);
+    if (it == reserved.begin()) return false;
+    --it;
+    return va >= it->first && va + bytes <= it->first + it->second;
+  }
+  /// Does [va, va + bytes) overlap a reservation?
+  bool overlaps_reservation(std::uint64_t va, std::uint64_t bytes) const {
+    auto it = reserved.lower_bound(va + bytes);
+    if (it == reserved.begin()) return false;
+    --it;
+    return it->first + it->second > va;
+  }
 
   struct stream {
     std::uint64_t enqueued = 0;
@@ -71,9 +89,21 @@ struct sim_backend {
   std::shared_ptr<sim_device> dev;
 
   std::uint64_t granularity() const { return dev->granularity; }
+  // Reservations go one after another with a granule between them; one asked for at an
+  // address gets it when free there (as the driver's hint, usually honoured).
   std::uint64_t reserve(std::uint64_t bytes) {
-    const std::uint64_t at = dev->next_va;
-    dev->next_va += bytes + dev->granularity;
+    const std::uint64_t at = try_reserve(bytes, 0);
+    if (at == 0) throw std::runtime_error("reserve: out of addresses");
+    return at;
+  }
+  std::uint64_t try_reserve(std::uint64_t bytes, std::uint64_t at) {
+    if (bytes == 0 || bytes % dev->granularity != 0) throw std::logic_error("reserve: bad size");
+    if (bytes > dev->addresses_left) return 0;
+    if (at == 0) at = dev->next_va;
+    if (dev->overlaps_reservation(at, bytes)) return 0;
+    dev->reserved[at] = bytes;
+    dev->addresses_left -= bytes;
+    dev->next_va = std::max(dev->next_va, at + bytes + dev->granularity);
     return at;
   }
   CUresult create(std::uint64_t bytes, handle& out) {
@@ -87,6 +117,7 @@ struct sim_backend {
   }
   void map(std::uint64_t va, std::uint64_t bytes, handle& h) {
     if (dev->handles.at(h) != bytes) throw std::logic_error("map: size mismatch");
+    if (!dev->in_one_reservation(va, bytes)) throw std::logic_error("map: not inside one reservation");
     auto next = dev->mapped.lower_bound(va);
     if (next != dev->mapped.end() && next->first < va + bytes) throw std::logic_error("map: overlap");
     if (next != dev->mapped.begin() && std::prev(next)->first + std::prev(next)->second > va)

@@ -1,27 +1,96 @@
 #pragma once
 
-// The unmapped addresses of a pool's reservation, as ranges: where growth, defragmentation and
-// grow_in_place map new physical memory, and where released memory's addresses go back. Kept
-// apart from the allocator's blocks, which only ever cover mapped memory.
+// A pool's virtual addresses: the reservations it has made (as it needed them, up to a
+// limit), and their unmapped parts as ranges: where growth, defragmentation and grow_in_place
+// map new physical memory, and where released memory's addresses go back. Kept apart from the
+// allocator's blocks, which only ever cover mapped memory.
 
 #include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <iterator>
 #include <map>
 #include <optional>
+#include <set>
+#include <utility>
+#include <vector>
 
 namespace streamalloc::detail {
 
+/// The reservations of one pool. Added under the pool's lock; `owns` reads them without it.
+class reservation_list {
+ public:
+  /// Each reservation is at least as large as all before it together (see next_size), so 64
+  /// cover far more than any address space.
+  static constexpr std::size_t max_count = 64;
+
+  /// The size of the next reservation for a growth of `need` bytes, when `reserved` bytes are
+  /// reserved already and at most `limit` may be: 0 when none may be made. The first is
+  /// `first` (or the limit); each later one at least doubles what the pool holds, so a pool
+  /// makes few of them, and wastes at most half of its addresses to steps.
+  [[nodiscard]] std::uint64_t next_size(std::uint64_t need, std::uint64_t limit, std::uint64_t first) const noexcept {
+    if (count() == max_count || reserved_ >= limit || need > limit - reserved_) return 0;
+    return std::min(limit - reserved_, std::max({need, reserved_, first}));
+  }
+
+  void add(std::uint64_t base, std::uint64_t size) noexcept {
+    const std::size_t n = count_.load(std::memory_order_relaxed);
+    list_[n].first.store(base, std::memory_order_relaxed);
+    list_[n].second.store(size, std::memory_order_relaxed);
+    count_.store(n + 1, std::memory_order_release);  // published whole
+    reserved_ += size;
+  }
+
+  /// Is `p` inside one of the reservations?
+  [[nodiscard]] bool owns(std::uint64_t p) const noexcept {
+    const std::size_t n = count_.load(std::memory_order_acquire);
+    for (std::size_t i = 0; i < n; ++i) {
+      if (p - list_[i].first.load(std::memory_order_relaxed) < list_[i].second.load(std::memory_order_relaxed)) {
+        return true;
+      }
+    }
+    return false;
+  }
+
+  [[nodiscard]] std::size_t count() const noexcept { return count_.load(std::memory_order_acquire); }
+  [[nodiscard]] std::uint64_t reserved() const noexcept { return reserved_; }  ///< under the pool's lock
+  [[nodiscard]] std::uint64_t first_base() const noexcept { return list_[0].first.load(std::memory_order_relaxed); }
+  /// Every reservation: (base, size).
+  [[nodiscard]] std::vector<std::pair<std::uint64_t, std::uint64_t>> list() const {
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> out;
+    for (std::size_t i = 0; i < count(); ++i) {
+      out.emplace_back(list_[i].first.load(std::memory_order_relaxed), list_[i].second.load(std::memory_order_relaxed));
+    }
+    return out;
+  }
+
+ private:
+  std::array<std::pair<std::atomic<std::uint64_t>, std::atomic<std::uint64_t>>, max_count> list_{};
+  std::atomic<std::size_t> count_{0};
+  std::uint64_t reserved_ = 0;
+};
+
 class address_ranges {
  public:
-  /// [at, at + bytes) is unmapped again; joined with the ranges on either side.
+  /// A new reservation, all unmapped. Its ranges are never joined with another reservation's,
+  /// even an adjacent one: a mapping must lie within one reservation. (A run of mappings may
+  /// still go on from one reservation into the next, chunk by chunk.)
+  void add_reservation(std::uint64_t at, std::uint64_t bytes) {
+    starts_.insert(at);
+    free_.emplace(at, bytes);
+  }
+
+  /// [at, at + bytes) is unmapped again; joined with the ranges on either side in the same
+  /// reservation.
   void give_back(std::uint64_t at, std::uint64_t bytes) {
     auto next = free_.lower_bound(at);
-    if (next != free_.end() && next->first == at + bytes) {
+    if (next != free_.end() && next->first == at + bytes && !starts_.contains(at + bytes)) {
       bytes += next->second;
       next = free_.erase(next);
     }
-    if (next != free_.begin()) {
+    if (next != free_.begin() && !starts_.contains(at)) {
       auto prev = std::prev(next);
       if (prev->first + prev->second == at) {
         prev->second += bytes;
@@ -76,13 +145,13 @@ class address_ranges {
   /// For a run that may want to grow in place (grow_in_place maps memory right after a run):
   /// the middle of the largest range, on a multiple of `align`, so that each such run has
   /// about half of a free range after it, rather than the next run. Nothing when no range
-  /// holds twice `bytes`.
-  std::optional<std::uint64_t> take_spaced(std::uint64_t bytes, std::uint64_t align) {
+  /// holds `spread` times `bytes` (at least twice).
+  std::optional<std::uint64_t> take_spaced(std::uint64_t bytes, std::uint64_t align, std::uint64_t spread = 2) {
     auto best = free_.end();
     for (auto it = free_.begin(); it != free_.end(); ++it) {
       if (best == free_.end() || it->second > best->second) best = it;
     }
-    if (best == free_.end() || best->second < 2 * bytes) return std::nullopt;
+    if (best == free_.end() || best->second / std::max<std::uint64_t>(spread, 2) < bytes) return std::nullopt;
     const std::uint64_t at = best->first + (best->second - bytes) / 2 / align * align;
     carve(best, at, bytes);
     return at;
@@ -114,6 +183,7 @@ class address_ranges {
   }
 
   std::map<std::uint64_t, std::uint64_t> free_;  // start -> size
+  std::set<std::uint64_t> starts_;                // of the reservations: ranges never join across
 };
 
 }  // namespace streamalloc::detail

@@ -19,6 +19,15 @@
 //
 // Work ordered with raw CUDA calls is invisible here; it is never wrong, it only gives less
 // reuse, because nothing is concluded without evidence.
+//
+// A record lives while it is held (`record_ref`: the `stream` that owns the stream, each pool
+// state of the stream, each buffer the stream read) or its stream has not retired. A retired
+// stream's id never returns, so once the last holder lets go nothing can ask for the record
+// again and it is dropped: a process that makes and destroys streams all day holds records
+// for the streams alive, not for every stream it ever made. Clocks and tokens may still name
+// a dropped stream by id; that proves nothing any more, and every record made afterwards
+// starts its epochs above all the dropped ones', so such a stale name never matches a new
+// stamp either.
 
 #include <algorithm>
 #include <atomic>
@@ -44,7 +53,8 @@ struct clock_snapshot {
 // one after another would otherwise share lines between threads on different streams.
 class alignas(128) stream_record {
  public:
-  explicit stream_record(std::uint64_t id) noexcept : id_(id) {}
+  /// `first_epoch`: above every epoch of a record dropped before this one was made.
+  explicit stream_record(std::uint64_t id, std::uint64_t first_epoch = 1) noexcept : id_(id), epoch_(first_epoch) {}
   stream_record(const stream_record&) = delete;
   stream_record& operator=(const stream_record&) = delete;
 
@@ -123,6 +133,12 @@ class alignas(128) stream_record {
   void mark_retired() noexcept { retired_.store(true, std::memory_order_release); }
   [[nodiscard]] bool retired() const noexcept { return retired_.load(std::memory_order_acquire); }
 
+  /// How many streamalloc clock entries this record holds (for counting what the library keeps).
+  [[nodiscard]] std::size_t clock_entries() const {
+    std::lock_guard lock(mutex_);
+    return clock_.size();
+  }
+
   /// What this stream is ordered after, for completing it when the stream completes.
   [[nodiscard]] std::vector<std::pair<std::uint64_t, std::uint64_t>> clock() const {
     std::lock_guard lock(mutex_);
@@ -137,6 +153,8 @@ class alignas(128) stream_record {
   static constexpr std::size_t max_clock_entries = 32;
 
  private:
+  friend class ordering_registry;
+
   struct entry {
     std::uint64_t stream;
     std::uint64_t epoch;
@@ -193,7 +211,7 @@ class alignas(128) stream_record {
   const std::uint64_t id_;
   std::atomic<int> device_{-1};
   // Epoch 0 is never a stamp, so "ordered after 0" and "completed 0" mean nothing is known.
-  std::atomic<std::uint64_t> epoch_{1};
+  std::atomic<std::uint64_t> epoch_;
   std::atomic<std::uint64_t> completed_{0};
   std::atomic<bool> retired_{false};
   std::atomic<bool> handle_stable_{false};
@@ -201,6 +219,7 @@ class alignas(128) stream_record {
   std::vector<entry> clock_;  // sorted by stream id
   std::vector<entry> scratch_;
   std::uint64_t waits_ = 0;
+  std::atomic<std::uint64_t> holders_{0};  // record_refs; see the top of the file
 };
 
 /// Listens for completions learned at host synchronizations (the pools, to release memory).
@@ -214,10 +233,16 @@ class completion_listener {
   ~completion_listener() = default;
 };
 
+class record_ref;
+
 class ordering_registry {
  public:
-  /// The record of stream `id`, created on first use. Records live as long as the process
-  /// (a few dozen bytes per stream ever used), so pointers to them stay valid.
+  ordering_registry() = default;
+  ordering_registry(const ordering_registry&) = delete;
+  ordering_registry& operator=(const ordering_registry&) = delete;
+
+  /// The record of stream `id`, created on first use. It stays while the stream has not
+  /// retired or anything holds it (see the top of the file).
   stream_record& record(std::uint64_t id) {
     {
       std::shared_lock lock(mutex_);
@@ -225,22 +250,30 @@ class ordering_registry {
     }
     std::unique_lock lock(mutex_);
     auto& slot = records_[id];
-    if (!slot) slot = std::make_unique<stream_record>(id);
+    if (!slot) slot = std::make_unique<stream_record>(id, epoch_floor_ + 1);
     return *slot;
   }
 
-  /// A snapshot's point (and all it was after) has executed.
+  /// The record of stream `id` if there is one; never creates one.
+  stream_record* find(std::uint64_t id) {
+    std::shared_lock lock(mutex_);
+    auto it = records_.find(id);
+    return it != records_.end() ? it->second.get() : nullptr;
+  }
+
+  /// A snapshot's point (and all it was after) has executed. Streams whose records are gone
+  /// are skipped: nothing waits on them any more.
   void complete(const clock_snapshot& point) {
     if (point.stream == 0) return;
-    record(point.stream).mark_completed(point.epoch);
-    for (const auto& [s, e] : point.after) record(s).mark_completed(e);
+    if (stream_record* r = find(point.stream)) r->mark_completed(point.epoch);
+    complete_each(point.after);
   }
 
   /// Stream `r` has executed everything up to `epoch`: so has all it was ordered after.
   /// Tells no listener (for a pool that learned it itself, under its own lock).
   void complete_stream_quietly(stream_record& r, std::uint64_t epoch) {
     r.mark_completed(epoch);
-    for (const auto& [s, e] : r.clock()) record(s).mark_completed(e);
+    complete_each(r.clock());
   }
 
   /// As `complete_stream_quietly`, after a host synchronization: listeners hear of it.
@@ -259,32 +292,16 @@ class ordering_registry {
     for (auto* l : copy) l->on_synchronize(stream);
   }
 
-  /// Marks every known stream completed up to its current epoch (after a device or context
-  /// synchronization that covers all of them).
-  void complete_all(const std::vector<std::pair<stream_record*, std::uint64_t>>& points) {
-    for (auto [r, e] : points) r->mark_completed(e);
-    notify(0);
-  }
+  /// Every record, held, with an epoch each; frees stamped up to it precede this call.
+  inline std::vector<std::pair<record_ref, std::uint64_t>> begin_synchronize_all();
 
-  /// Every record, with an epoch each; frees stamped up to it precede this call.
-  std::vector<std::pair<stream_record*, std::uint64_t>> begin_synchronize_all() {
-    std::vector<std::pair<stream_record*, std::uint64_t>> out;
-    std::shared_lock lock(mutex_);
-    out.reserve(records_.size());
-    for (auto& [id, r] : records_) out.emplace_back(r.get(), r->begin_synchronize());
-    return out;
-  }
+  /// Marks every record of `points` completed up to its epoch (after a device or context
+  /// synchronization that covers all of them).
+  inline void complete_all(const std::vector<std::pair<record_ref, std::uint64_t>>& points);
 
   /// Stream `id` is being destroyed (by streamalloc's `stream`); listeners let go of it.
-  void retire(std::uint64_t id) {
-    record(id).mark_retired();
-    std::vector<completion_listener*> copy;
-    {
-      std::lock_guard lock(listener_mutex_);
-      copy = listeners_;
-    }
-    for (auto* l : copy) l->on_retire(id);
-  }
+  /// Held meanwhile, so that the record is dropped here, at the end, if nothing else holds it.
+  inline void retire(std::uint64_t id);
 
   void add_listener(completion_listener* l) {
     std::lock_guard lock(listener_mutex_);
@@ -300,13 +317,57 @@ class ordering_registry {
   [[nodiscard]] bool reusable(std::uint64_t freed_on, std::uint64_t stamp, const stream_record& user,
                               bool follow_events) {
     if (freed_on == user.id()) return true;
-    if (record(freed_on).completed() >= stamp) return true;
+    if (const stream_record* r = find(freed_on); r != nullptr && r->completed() >= stamp) return true;
     return follow_events && user.ordered_after(freed_on) >= stamp;
   }
 
+  /// What the registry holds: records, and clock entries in all of them.
+  struct census_counts {
+    std::size_t records = 0, clock_entries = 0;
+  };
+  [[nodiscard]] census_counts census() {
+    std::shared_lock lock(mutex_);
+    census_counts c{records_.size(), 0};
+    for (auto& [id, r] : records_) c.clock_entries += r->clock_entries();
+    return c;
+  }
+
  private:
+  friend class record_ref;
+
+  void hold(stream_record& r) noexcept { r.holders_.fetch_add(1, std::memory_order_relaxed); }
+  void let_go(stream_record& r) noexcept {
+    const std::uint64_t id = r.id();
+    // retire() holds the record while it marks it, so the last let_go comes after the mark.
+    if (r.holders_.fetch_sub(1, std::memory_order_acq_rel) == 1 && r.retired()) drop(id);
+  }
+
+  /// Drops the record of `id` if it is retired and nobody holds it (looked up again under the
+  /// lock: two callers may race here, and only one finds it).
+  void drop(std::uint64_t id) noexcept {
+    std::unique_ptr<stream_record> gone;
+    {
+      std::unique_lock lock(mutex_);
+      auto it = records_.find(id);
+      if (it == records_.end() || !it->second->retired() ||
+          it->second->holders_.load(std::memory_order_acquire) != 0) {
+        return;
+      }
+      epoch_floor_ = std::max(epoch_floor_, it->second->current_epoch());
+      gone = std::move(it->second);
+      records_.erase(it);
+    }
+  }
+
+  void complete_each(const std::vector<std::pair<std::uint64_t, std::uint64_t>>& points) {
+    for (const auto& [s, e] : points) {
+      if (stream_record* r = find(s)) r->mark_completed(e);
+    }
+  }
+
   std::shared_mutex mutex_;
   std::unordered_map<std::uint64_t, std::unique_ptr<stream_record>> records_;
+  std::uint64_t epoch_floor_ = 0;  // the highest epoch of a dropped record
   std::mutex listener_mutex_;
   std::vector<completion_listener*> listeners_;
 };
@@ -315,6 +376,58 @@ class ordering_registry {
 inline ordering_registry& ordering() {
   static ordering_registry* r = new ordering_registry;
   return *r;
+}
+
+/// A counted hold on a stream record: while one exists, the record is not dropped.
+class record_ref {
+ public:
+  record_ref() noexcept = default;
+  explicit record_ref(stream_record& r) noexcept : r_(&r) { ordering().hold(r); }
+  explicit record_ref(stream_record* r) noexcept : r_(r) {
+    if (r_ != nullptr) ordering().hold(*r_);
+  }
+  record_ref(const record_ref& o) noexcept : record_ref(o.r_) {}
+  record_ref(record_ref&& o) noexcept : r_(std::exchange(o.r_, nullptr)) {}
+  record_ref& operator=(record_ref o) noexcept {
+    std::swap(r_, o.r_);
+    return *this;
+  }
+  ~record_ref() { reset(); }
+
+  void reset() noexcept {
+    if (r_ != nullptr) ordering().let_go(*std::exchange(r_, nullptr));
+  }
+  [[nodiscard]] stream_record* get() const noexcept { return r_; }
+  stream_record* operator->() const noexcept { return r_; }
+  stream_record& operator*() const noexcept { return *r_; }
+  explicit operator bool() const noexcept { return r_ != nullptr; }
+
+ private:
+  stream_record* r_ = nullptr;
+};
+
+inline void ordering_registry::retire(std::uint64_t id) {
+  const record_ref keep(record(id));
+  keep->mark_retired();
+  std::vector<completion_listener*> copy;
+  {
+    std::lock_guard lock(listener_mutex_);
+    copy = listeners_;
+  }
+  for (auto* l : copy) l->on_retire(id);
+}
+
+inline std::vector<std::pair<record_ref, std::uint64_t>> ordering_registry::begin_synchronize_all() {
+  std::vector<std::pair<record_ref, std::uint64_t>> out;
+  std::shared_lock lock(mutex_);
+  out.reserve(records_.size());
+  for (auto& [id, r] : records_) out.emplace_back(record_ref(*r), r->begin_synchronize());
+  return out;
+}
+
+inline void ordering_registry::complete_all(const std::vector<std::pair<record_ref, std::uint64_t>>& points) {
+  for (const auto& [r, e] : points) r->mark_completed(e);
+  notify(0);
 }
 
 }  // namespace streamalloc::detail

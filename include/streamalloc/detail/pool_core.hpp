@@ -18,6 +18,8 @@
 //   using event = ...;            a device event
 //   std::uint64_t granularity();
 //   std::uint64_t reserve(std::uint64_t bytes);            base address of new virtual addresses
+//   std::uint64_t try_reserve(std::uint64_t bytes, std::uint64_t at);   the same, or 0 when the
+//                                     address space is exhausted (or, with `at`, taken there)
 //   CUresult create(std::uint64_t bytes, handle& out);     CUDA_ERROR_OUT_OF_MEMORY when no memory
 //   void map(std::uint64_t va, std::uint64_t bytes, handle&);   map and grant access
 //   void unmap(std::uint64_t va, std::uint64_t bytes);
@@ -50,6 +52,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <deque>
+#include <functional>
 #include <iterator>
 #include <map>
 #include <memory>
@@ -81,7 +84,9 @@ struct core_options {
   std::uint64_t release_threshold = 0;  ///< free bytes kept at synchronization points
   std::uint64_t chunk_size = 0;         ///< physical memory is created in chunks of this
   bool own_chunk_for_large = true;      ///< a request >= chunk_size gets one chunk of its size
-  std::uint64_t address_space = 0;      ///< virtual addresses reserved up front
+  std::uint64_t address_space = 0;      ///< the most virtual addresses reserved, as needed
+  /// Told of each reservation the pool makes (base, size), under its lock.
+  std::function<void(std::uint64_t, std::uint64_t)> on_reserve;
   reuse_options reuse;
 };
 
@@ -114,9 +119,10 @@ class pool_core final : public completion_listener {
     if (options_.chunk_size == 0) options_.chunk_size = 64ull << 20;
     options_.chunk_size = round_up(options_.chunk_size, granularity_);
     if (options_.max_size != 0) options_.max_size = round_up(options_.max_size, granularity_);
-    va_size_ = round_up(options_.address_space, granularity_);
-    va_base_ = backend_.reserve(va_size_);
-    va_free_.give_back(va_base_, va_size_);
+    va_limit_ = round_up(options_.address_space, granularity_);
+    // The first reservation up front: a pool whose addresses cannot be had fails when made.
+    const std::uint64_t first = reservations_.next_size(0, va_limit_, first_reservation());
+    add_reservation(backend_.reserve(first), first);
     serial_ = next_serial().fetch_add(1, std::memory_order_relaxed) + 1;
     ordering().add_listener(this);
   }
@@ -153,9 +159,25 @@ class pool_core final : public completion_listener {
 
   [[nodiscard]] std::uint64_t granularity() const noexcept { return granularity_; }
   [[nodiscard]] const core_options& options() const noexcept { return options_; }
-  [[nodiscard]] std::uint64_t base() const noexcept { return va_base_; }
-  [[nodiscard]] std::uint64_t address_space() const noexcept { return va_size_; }
-  [[nodiscard]] bool owns(std::uint64_t p) const noexcept { return p - va_base_ < va_size_; }
+  /// The first reservation's base.
+  [[nodiscard]] std::uint64_t base() const noexcept { return reservations_.first_base(); }
+  /// The most addresses the pool reserves.
+  [[nodiscard]] std::uint64_t address_space() const noexcept { return va_limit_; }
+  /// Addresses reserved so far, and the reservations (base, size).
+  [[nodiscard]] std::uint64_t addresses_reserved() {
+    std::lock_guard lock(mutex_);
+    return reservations_.reserved();
+  }
+  [[nodiscard]] std::vector<std::pair<std::uint64_t, std::uint64_t>> reservations() const {
+    return reservations_.list();
+  }
+  /// The size of the last reservation the driver refused (the process's addresses ran out); 0:
+  /// none was.
+  [[nodiscard]] std::uint64_t refused_reservation() {
+    std::lock_guard lock(mutex_);
+    return refused_reservation_;
+  }
+  [[nodiscard]] bool owns(std::uint64_t p) const noexcept { return reservations_.owns(p); }
   Backend& backend() noexcept { return backend_; }
 
   void set_release_threshold(std::uint64_t t) {
@@ -358,7 +380,7 @@ class pool_core final : public completion_listener {
     stream_state& st = *it->second;
     try {
       flush_cache(st);
-      if (st.native != nullptr) settle(st, /*query_events=*/true, stream_key{st.record, st.native});
+      if (st.native != nullptr) settle(st, /*query_events=*/true, stream_key{st.record.get(), st.native});
     } catch (...) {
       // No event: the stream's pending frees wait for a device-wide synchronization.
     }
@@ -390,6 +412,9 @@ class pool_core final : public completion_listener {
 
  private:
   static constexpr std::size_t max_cached_blocks = 4096;
+  /// A room_to_grow allocation is placed in the middle of free addresses this many times its
+  /// size, reserved for it if need be: half of them are its room to grow in place.
+  static constexpr std::uint64_t room_spread = 16;
 
   struct pending_event {
     event ev;
@@ -400,7 +425,7 @@ class pool_core final : public completion_listener {
     explicit stream_state(stream_key k) : record(k.record), native(k.native) {}
     /// Made ready for another stream: only ever called on an emptied, retired stream's state.
     void reuse(stream_key k) noexcept {
-      record = k.record;
+      record = record_ref(k.record);
       native = k.native;
       cache_bytes = 0;
       last_event_epoch = 0;
@@ -411,7 +436,7 @@ class pool_core final : public completion_listener {
     }
     stream_state* next_made = nullptr;  // the list of every state, set once
     spin_lock lock;
-    stream_record* record;
+    record_ref record;  // held: the record stays while the pool keeps state for its stream
     void* native;
     free_bins cache;  // under lock
     std::uint64_t cache_bytes = 0;
@@ -535,6 +560,7 @@ class pool_core final : public completion_listener {
       folded_bytes_.fetch_add(st.live_bytes.exchange(0, std::memory_order_relaxed), std::memory_order_relaxed);
       folded_count_.fetch_add(st.live_count.exchange(0, std::memory_order_relaxed), std::memory_order_relaxed);
       spare_states_.push_back(&st);
+      st.record.reset();  // the last holder perhaps: the stream's record goes
       states_.erase(it);
       return true;
     });
@@ -738,7 +764,7 @@ class pool_core final : public completion_listener {
   /// call, on this thread), else none (see "Stream handles" at the top).
   static void* handle_now(const stream_state& st, const stream_key& caller) noexcept {
     if (st.native != nullptr && st.record->handle_stable()) return st.native;
-    if (caller.record == st.record) return caller.native;
+    if (caller.record == st.record.get()) return caller.native;
     return nullptr;
   }
 
@@ -753,14 +779,14 @@ class pool_core final : public completion_listener {
       // the cheapest proof there is (one query), and complete, where an event only covers the
       // frees made before it was recorded.
       const std::uint64_t point = st.record->begin_synchronize();
-      if (backend_.idle({st.record, native})) ordering().complete_stream_quietly(*st.record, point);
+      if (backend_.idle({st.record.get(), native})) ordering().complete_stream_quietly(*st.record, point);
     }
     if (query_events) {
       // Record an event covering the frees made since the last one, so a later look can tell.
       // One event per stream per look, not one per free.
       if (native != nullptr && !st.pending.empty() && st.newest_stamp > st.last_event_epoch &&
           st.newest_stamp > st.record->completed()) {
-        stream_key k{st.record, native};
+        stream_key k{st.record.get(), native};
         clock_snapshot point = st.record->capture();
         st.events.push_back({backend_.record(k), point.epoch});
         st.last_event_epoch = point.epoch;
@@ -894,7 +920,7 @@ class pool_core final : public completion_listener {
     if (options_.max_size != 0 && reserved_ + total > options_.max_size) return nullptr;
     // Refused before any handle is made (or listed): more than the largest run of free addresses
     // can never be mapped together, however much memory the device has.
-    if (total > va_free_.largest()) return nullptr;
+    if (total > va_free_.largest() && !reserve_more(total)) return nullptr;
     std::vector<std::uint64_t> sizes;
     if (one_piece) {
       sizes.push_back(total);
@@ -933,8 +959,16 @@ class pool_core final : public completion_listener {
     // A large request starts a run of its own: with room to grow in place after it, or next
     // to the other large runs, at the top of the addresses (chunk runs grow at the bottom),
     // where the GPU page tables are already built.
-    if (!va && own) {
-      va = where == placement::room_to_grow ? va_free_.take_spaced(total, granularity_) : va_free_.take_top(total);
+    if (!va && own && where == placement::room_to_grow) {
+      // Room of at least `room_spread / 2` times its size after it: reserved for it, when the
+      // free addresses are short of that, else as much as there is.
+      va = va_free_.take_spaced(total, granularity_, room_spread);
+      if (!va && total <= va_limit_ / room_spread && reserve_more(room_spread * total)) {
+        va = va_free_.take_spaced(total, granularity_, room_spread);
+      }
+      if (!va) va = va_free_.take_spaced(total, granularity_);
+    } else if (!va && own) {
+      va = va_free_.take_top(total);
     }
     if (!va) va = va_free_.take(total);
     if (!va) {
@@ -951,6 +985,34 @@ class pool_core final : public completion_listener {
     return find_usable(n, st);
   }
 
+
+  // --- addresses -------------------------------------------------------------------------------
+
+  /// The first reservation: enough for a few dozen chunks, and small enough that thousands of
+  /// pools fit in a process's address space (the rest is reserved as the pool grows).
+  std::uint64_t first_reservation() const noexcept {
+    return round_up(std::max<std::uint64_t>(8ull << 30, 16 * options_.chunk_size), granularity_);
+  }
+
+  void add_reservation(std::uint64_t base, std::uint64_t size) {
+    va_free_.add_reservation(base, size);
+    reservations_.add(base, size);
+    if (options_.on_reserve) options_.on_reserve(base, size);
+  }
+
+  /// Reserves addresses for a mapping of `bytes` (at `at`, when not 0), within the pool's limit.
+  /// False when the limit, the reservations' count, or the driver refuses.
+  bool reserve_more(std::uint64_t bytes, std::uint64_t at = 0) {
+    const std::uint64_t size = reservations_.next_size(bytes, va_limit_, first_reservation());
+    if (size == 0) return false;
+    const std::uint64_t base = backend_.try_reserve(size, at);
+    if (base == 0) {
+      if (at == 0) refused_reservation_ = size;
+      return false;
+    }
+    add_reservation(base, size);
+    return true;
+  }
 
   /// `bytes` more physical memory are held.
   void note_growth(std::uint64_t bytes) noexcept {
@@ -988,7 +1050,8 @@ class pool_core final : public completion_listener {
       const std::uint64_t end = last->addr + last->size;
       const std::uint64_t bytes = round_up(n - have, granularity_);
       if (options_.max_size != 0 && reserved_ + bytes > options_.max_size) return false;
-      if (!va_free_.has_room(end, bytes)) return false;
+      // Past the end of a reservation, a new one placed right there continues the run.
+      if (!va_free_.has_room(end, bytes) && (reservations_.owns(end) || !reserve_more(bytes, end))) return false;
       handle h{};
       // No retry after releasing cached chunks here: the free blocks after `b` may be among them.
       if (backend_.create(bytes, h) != CUDA_SUCCESS) return false;
@@ -1120,6 +1183,7 @@ class pool_core final : public completion_listener {
     if (!at && tail != nullptr && bytes < n) return nullptr;  // would not hold the request alone
     if (!at) {
       at = va_free_.take(bytes);
+      if (!at && reserve_more(bytes)) at = va_free_.take(bytes);
       if (!at) return nullptr;
     }
     std::uint64_t dst = *at;
@@ -1166,7 +1230,7 @@ class pool_core final : public completion_listener {
       if (other->pending.largest() < n) continue;
       std::uint64_t limit = 0;
       if (void* native = handle_now(*other, stream_key{})) {
-        stream_key k{other->record, native};
+        stream_key k{other->record.get(), native};
         clock_snapshot point = other->record->capture();
         event ev = backend_.record(k);
         other->events.push_back({ev, point.epoch});
@@ -1231,7 +1295,9 @@ class pool_core final : public completion_listener {
   Backend backend_;
   core_options options_;
   std::uint64_t granularity_ = 0;
-  std::uint64_t va_base_ = 0, va_size_ = 0;
+  std::uint64_t va_limit_ = 0;
+  reservation_list reservations_;
+  std::uint64_t refused_reservation_ = 0;
   std::uint64_t serial_ = 0;
 
   std::mutex mutex_;  // the pool lock
@@ -1240,7 +1306,7 @@ class pool_core final : public completion_listener {
   std::map<std::uint64_t, block*> by_addr_;           // every block, live or free
   std::map<std::uint64_t, chunk> chunks_;             // mapped physical memory by address
   std::map<std::uint64_t, std::uint64_t> runs_;       // contiguous mapped runs: start -> end
-  address_ranges va_free_;                             // unmapped addresses of the reservation
+  address_ranges va_free_;                             // unmapped addresses of the reservations
   std::unordered_map<std::uint64_t, stream_state*> states_;  // the streams in use, by id
   std::vector<std::unique_ptr<stream_state>> state_store_;    // every state made, owned
   std::atomic<stream_state*> states_head_{nullptr};           // the same, for lock-free walks

@@ -41,8 +41,23 @@ class vmm_backend {
   std::uint64_t granularity() { return allocation_granularity(where_, granularity_kind::minimum, options_); }
 
   std::uint64_t reserve(std::uint64_t bytes) {
-    va_ = address_reservation(bytes, granularity());
-    return va_.address();
+    va_.emplace_back(bytes, granularity());
+    return va_.back().address();
+  }
+
+  /// As reserve, but 0 when the process's addresses are exhausted, or, with `at` not 0, when
+  /// the driver places the range elsewhere (it is given back at once).
+  std::uint64_t try_reserve(std::uint64_t bytes, std::uint64_t at) {
+    try {
+      address_reservation r(bytes, granularity(), at);
+      if (at != 0 && r.address() != at) return 0;  // freed by r's destructor
+      va_.push_back(std::move(r));
+      return va_.back().address();
+    } catch (const cuda_error& e) {
+      // The driver's words for "no such addresses left" (an absurd size says INVALID_VALUE).
+      if (e.code() == CUDA_ERROR_OUT_OF_MEMORY || e.code() == CUDA_ERROR_INVALID_VALUE) return 0;
+      throw;
+    }
   }
 
   CUresult create(std::uint64_t bytes, handle& out) {
@@ -116,7 +131,7 @@ class vmm_backend {
   memory_location where_;
   allocation_options options_;
   std::vector<access_descriptor> access_;
-  address_reservation va_;
+  std::vector<address_reservation> va_;  // freed after maps_ (declared before it)
   std::map<std::uint64_t, mapping> maps_;
   std::unordered_map<CUcontext, std::vector<CUevent>> spare_events_;
 };

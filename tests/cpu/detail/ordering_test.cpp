@@ -111,3 +111,53 @@ TEST_CASE("clocks stay bounded in a ring of 300 streams, remember the latest wai
   CHECK(largest <= 2 * stream_record::max_clock_entries);
   CHECK(largest > stream_record::max_clock_entries);  // the ring did fill clocks up
 }
+
+// A retired stream's record is dropped once nothing holds it; later records start their epochs
+// above its, so a clock entry or token still naming it never matches a stamp made afterwards.
+TEST_CASE("a retired record goes when its last holder lets go; later records start above its epochs") {
+  auto& reg = ordering();
+  const std::uint64_t id = fresh_id();
+  std::uint64_t last_epoch = 0;
+  {
+    record_ref held(reg.record(id));
+    for (int i = 0; i < 100; ++i) (void)held->capture();
+    last_epoch = held->current_epoch();
+    const record_ref second = held;  // a pool's state, say
+    reg.retire(id);
+    CHECK(reg.find(id) == second.get());  // retired, but held twice
+    held.reset();
+    CHECK(reg.find(id) == second.get());  // still held once
+  }
+  CHECK(reg.find(id) == nullptr);
+  // A completion naming the gone stream neither fails nor brings it back.
+  reg.complete(clock_snapshot{id, last_epoch, {}});
+  CHECK(reg.find(id) == nullptr);
+  stream_record& later = reg.record(fresh_id());
+  CHECK(later.current_epoch() > last_epoch);
+  CHECK(later.stamp() > last_epoch);
+}
+
+TEST_CASE("a record not retired stays without holders; one retired with none goes at once") {
+  auto& reg = ordering();
+  const std::uint64_t kept = fresh_id(), gone = fresh_id();
+  { const record_ref r(reg.record(kept)); }
+  CHECK(reg.find(kept) != nullptr);  // a raw stream's: nothing says it was destroyed
+  (void)reg.record(gone);
+  reg.retire(gone);
+  CHECK(reg.find(gone) == nullptr);
+}
+
+TEST_CASE("a device-wide synchronization holds the records it covers while a stream retires") {
+  auto& reg = ordering();
+  const std::uint64_t id = fresh_id();
+  (void)reg.record(id);
+  const auto before = reg.census().records;
+  {
+    auto points = reg.begin_synchronize_all();
+    reg.retire(id);
+    CHECK(reg.find(id) != nullptr);  // held by `points`
+    reg.complete_all(points);
+  }
+  CHECK(reg.find(id) == nullptr);
+  CHECK(reg.census().records == before - 1);
+}

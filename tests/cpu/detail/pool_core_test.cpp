@@ -529,6 +529,51 @@ TEST_CASE("grow_in_place: takes the free memory after a block, then maps more be
   CHECK(f.pool->allocate(1000 * MiB, s.key()) == p);
 }
 
+TEST_CASE("addresses are reserved as the pool grows, each mapping inside one reservation, up to the limit") {
+  core_options o;
+  o.address_space = 64ull << 30;
+  fixture f(o);
+  auto s = make_stream();
+  CHECK(f.pool->reservations().size() == 1);
+  CHECK(f.pool->addresses_reserved() == 8ull << 30);  // the first: 8 GiB
+  std::vector<std::uint64_t> p;
+  std::uint64_t bytes = 0;
+  try {
+    for (;;) {
+      p.push_back(f.pool->allocate(3ull << 30, s.key()));  // each its own chunk, mapped inside one reservation
+      bytes += 3ull << 30;
+    }
+  } catch (const core_out_of_memory&) {
+  }
+  // Reservations at least double what was reserved: a few cover the limit, never more.
+  const auto list = f.pool->reservations();
+  CHECK(list.size() >= 3);
+  CHECK(list.size() <= 6);
+  CHECK(f.pool->addresses_reserved() <= o.address_space);
+  CHECK(bytes >= 30ull << 30);  // most of the 64 GiB hold 3 GiB pieces, fragmented by the steps
+  for (auto q : p) {
+    CHECK(f.dev->is_mapped(q, 3ull << 30));
+    CHECK(f.pool->owns(q));
+    CHECK(f.pool->owns(q + (3ull << 30) - 1));
+  }
+  CHECK_FALSE(f.pool->owns(list.back().first + list.back().second));
+  CHECK(f.pool->refused_reservation() == 0);  // the limit stopped it, not the driver
+  for (auto q : p) f.pool->deallocate(q, s.key());
+}
+
+TEST_CASE("the process's addresses running out ends growth with core_out_of_memory, the refusal kept") {
+  fixture f;
+  auto s = make_stream();
+  f.dev->addresses_left = 4ull << 30;  // less than any further reservation
+  CHECK_THROWS_AS((void)f.pool->allocate(10ull << 30, s.key()), core_out_of_memory);
+  CHECK(f.pool->refused_reservation() >= 10ull << 30);
+  CHECK(f.pool->reservations().size() == 1);
+  // What fits in the first reservation still works.
+  const auto q = f.pool->allocate(1ull << 30, s.key());
+  CHECK(f.dev->is_mapped(q, 1ull << 30));
+  f.pool->deallocate(q, s.key());
+}
+
 TEST_CASE("grow_in_place: large allocations with room_to_grow have room after them, so several grow in turn") {
   fixture f;
   auto s = make_stream();
@@ -548,14 +593,19 @@ TEST_CASE("placement: packed large allocations sit next to each other, away from
   for (int i = 0; i < 4; ++i) p.push_back(f.pool->allocate(64 * MiB, s.key()));
   // Downward from the top of the addresses, each right before the one made before it.
   for (int i = 1; i < 4; ++i) CHECK(p[i] + 64 * MiB == p[i - 1]);
-  CHECK(p[0] > small + 32ull * 1024 * MiB);
+  CHECK(p[0] > small + 4ull * 1024 * MiB);  // the first reservation is 8 GiB
   // So the chunk run of small allocations still grows in place behind its end...
   CHECK(f.pool->grow_in_place(small, 512 * MiB, s.key()) == 512 * MiB);
   // ...while a packed allocation has its neighbour right after it.
   CHECK(f.pool->grow_in_place(p[1], 128 * MiB, s.key()) == 0);
   CHECK(f.pool->find_live(p[1]) == std::pair{p[1], 64 * MiB});
-  // The topmost one has free addresses after it only if the reservation continues: it does not.
-  CHECK(f.pool->grow_in_place(p[0], 128 * MiB, s.key()) == 0);
+  // The topmost one ends its reservation: a new one reserved right after it gives it room.
+  CHECK(f.pool->reservations().size() == 1);
+  CHECK(f.pool->grow_in_place(p[0], 128 * MiB, s.key()) == 128 * MiB);
+  CHECK(f.pool->reservations().size() == 2);
+  CHECK(f.pool->reservations()[1].first == p[0] + 64 * MiB);
+  CHECK(f.dev->is_mapped(p[0], 128 * MiB));
+  CHECK(f.pool->find_live(p[0]) == std::pair{p[0], 128 * MiB});
   // Freed neighbours coalesce across their handles: 256 MiB in one block, no growth.
   for (auto q : p) f.pool->deallocate(q, s.key());
   const auto creates = f.dev->creates;
