@@ -77,6 +77,7 @@ inline stream_record& resolve_stream(CUstream s) {
 struct event_state {
   std::mutex mutex;
   clock_snapshot point;
+  clock_snapshot next;  // the record being made: becomes `point` once the driver has it
 };
 }  // namespace detail
 
@@ -297,9 +298,9 @@ class event_ref {
       return;
     }
     std::lock_guard lock(state_->mutex);
-    detail::clock_snapshot point = s.record().capture();
+    s.record().capture_into(state_->next);  // into storage kept for it: no allocation per record
     detail::check(detail::cu::cuEventRecord_nothrow(event_, s.get()), "cuEventRecord");
-    state_->point = std::move(point);
+    std::swap(state_->point, state_->next);
   }
 
   /// Blocks the host until the event's last record has executed (`cudaEventSynchronize`).

@@ -64,7 +64,8 @@ inline void check_runtime(cudaError_t e, const char* call) {
  * - to free it on another stream: `std::move(buf).free_on(b, proof)`;
  * - reading another buffer on this stream needs the same proof (`copy_from(other, proof)`).
  * Streams that read the buffer through `copy_from(other, proof)` are ordered before its free
- * by the buffer itself.
+ * by the buffer itself. The buffer's own stream must outlive it (free it on another stream
+ * with `free_on` first), as a `cudaFreeAsync` needs a live stream; a reader's stream need not.
  * @code
  * streamalloc::stream a(0), b(0);
  * streamalloc::stream_buffer<float> x(1 << 20, a);      // from the current pool of a's device

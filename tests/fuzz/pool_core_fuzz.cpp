@@ -59,7 +59,9 @@ using streamalloc_test::sim_backend;
 using streamalloc_test::sim_device;
 
 constexpr std::uint64_t KiB = 1ull << 10, MiB = 1ull << 20, GiB = 1ull << 30;
-constexpr std::size_t max_streams = 12;    // the host pseudo-stream included
+// The host pseudo-stream included. More than a clock keeps (2 * max_clock_entries): ordering
+// knowledge is forgotten under the model's eyes.
+constexpr std::size_t max_streams = 40;
 constexpr std::size_t host = 0;            // its index
 constexpr std::size_t none = ~std::size_t{0};
 // pool.hpp refuses larger sizes before the core: allocate throws out_of_memory, grow_in_place

@@ -75,12 +75,17 @@ class alignas(128) stream_record {
   /// A point on this stream (an event record): captures and advances the epoch.
   [[nodiscard]] clock_snapshot capture() {
     clock_snapshot s;
+    capture_into(s);
+    return s;
+  }
+  /// As capture, into `s`, reusing its storage (no allocation once it has held a clock).
+  void capture_into(clock_snapshot& s) {
     s.stream = id_;
+    s.after.clear();
     std::lock_guard lock(mutex_);
     s.epoch = epoch_.fetch_add(1, std::memory_order_acq_rel);
     s.after.reserve(clock_.size());
     for (const entry& x : clock_) s.after.emplace_back(x.stream, x.epoch);
-    return s;
   }
 
   /// This stream now waits for `point`: it is ordered after it and after all it was after.
@@ -150,7 +155,7 @@ class alignas(128) stream_record {
 
   /// The streams a clock is sure to remember (the most recent waits'); it holds at most twice
   /// as many.
-  static constexpr std::size_t max_clock_entries = 32;
+  static constexpr std::size_t max_clock_entries = 16;
 
  private:
   friend class ordering_registry;
