@@ -37,6 +37,7 @@
 // memory freed on such a stream A therefore needs proof learned while A was in hand (an event
 // the pool recorded on A during one of A's calls, a host synchronization, an event wait).
 
+#include <streamalloc/detail/address_index.hpp>
 #include <streamalloc/detail/address_ranges.hpp>
 #include <streamalloc/detail/block.hpp>
 #include <streamalloc/detail/free_bins.hpp>
@@ -339,9 +340,8 @@ class pool_core final : public completion_listener {
   std::optional<std::pair<std::uint64_t, std::uint64_t>> find_live(std::uint64_t p) {
     if (block* b = live_.find(p)) return std::pair{b->addr, b->size};
     std::lock_guard lock(mutex_);
-    auto it = by_addr_.upper_bound(p);
-    if (it == by_addr_.begin()) return std::nullopt;
-    block* b = std::prev(it)->second;
+    block* b = by_addr_.at_or_before(p);
+    if (b == nullptr) return std::nullopt;
     if (p < b->addr + b->size && state_of(b) == block_state::live) return std::pair{b->addr, b->size};
     return std::nullopt;
   }
@@ -680,7 +680,7 @@ class pool_core final : public completion_listener {
     if (b->next_addr != nullptr) b->next_addr->prev_addr = rest;
     b->next_addr = rest;
     b->size = n;
-    by_addr_[rest->addr] = rest;
+    by_addr_.insert(rest->addr, rest);
     return rest;
   }
 
@@ -847,9 +847,8 @@ class pool_core final : public completion_listener {
   block* extendable_tail(stream_state& st, std::uint64_t n, std::uint64_t unit) {
     block* best = nullptr;
     for (auto& [start, end] : runs_) {
-      auto it = by_addr_.lower_bound(end);
-      if (it == by_addr_.begin()) continue;
-      block* last = std::prev(it)->second;
+      block* last = by_addr_.before(end);
+      if (last == nullptr) continue;
       const block_state ls = state_of(last);
       if (ls != block_state::clear && ls != block_state::pending) continue;
       if (last->bins != &clear_ && last->bins != &st.pending) continue;
@@ -866,7 +865,7 @@ class pool_core final : public completion_listener {
     const std::uint64_t size = c.size;
     chunks_.emplace(va, std::move(c));
     block* b = arena_.make(va, size);
-    by_addr_[va] = b;
+    by_addr_.insert(va, b);
     // Join the run ending at va, if any; and the run starting at va + size, if any.
     auto run_before = runs_.end();
     for (auto it = runs_.begin(); it != runs_.end(); ++it) {
@@ -876,14 +875,14 @@ class pool_core final : public completion_listener {
     std::uint64_t run_start = va, run_end = va + size;
     if (run_before != runs_.end()) {
       run_start = run_before->first;
-      block* prev = std::prev(by_addr_.find(va))->second;
+      block* prev = by_addr_.before(va);
       prev->next_addr = b;
       b->prev_addr = prev;
       runs_.erase(run_before);
     }
     if (run_after != runs_.end()) {
       run_end = run_after->second;
-      block* next = by_addr_.find(va + size)->second;
+      block* next = by_addr_.find(va + size);
       next->prev_addr = b;
       b->next_addr = next;
       runs_.erase(run_after);
@@ -1072,7 +1071,7 @@ class pool_core final : public completion_listener {
         by_addr_.erase(x->addr);
         x->addr += want;
         x->size -= want;
-        by_addr_[x->addr] = x;
+        by_addr_.insert(x->addr, x);
         bins->insert(x);
         b->size += want;
       }
@@ -1090,8 +1089,7 @@ class pool_core final : public completion_listener {
   std::vector<free_chunk> free_chunks() {
     std::vector<free_chunk> out;
     for (auto& [va, c] : chunks_) {
-      auto it = by_addr_.upper_bound(va);
-      block* b = std::prev(it)->second;
+      block* b = by_addr_.at_or_before(va);
       if (state_of(b) == block_state::clear && b->addr <= va && b->addr + b->size >= va + c.size) {
         out.push_back({va, c.size, b->size});
       }
@@ -1101,7 +1099,7 @@ class pool_core final : public completion_listener {
 
   /// Cuts [va, va + size) out of the clear block holding it and out of the address chain.
   void cut_out(std::uint64_t va, std::uint64_t size) {
-    block* b = std::prev(by_addr_.upper_bound(va))->second;
+    block* b = by_addr_.at_or_before(va);
     clear_.remove(b);
     block* before = nullptr;
     block* after = nullptr;
@@ -1118,7 +1116,7 @@ class pool_core final : public completion_listener {
     if (before != nullptr) {
       before->prev_addr = prev;
       if (prev != nullptr) prev->next_addr = before;
-      by_addr_[before->addr] = before;
+      by_addr_.insert(before->addr, before);
       set_state(before, block_state::clear);
       clear_.insert(before);
     } else if (prev != nullptr) {
@@ -1127,7 +1125,7 @@ class pool_core final : public completion_listener {
     if (after != nullptr) {
       after->next_addr = next;
       if (next != nullptr) next->prev_addr = after;
-      by_addr_[after->addr] = after;
+      by_addr_.insert(after->addr, after);
       set_state(after, block_state::clear);
       clear_.insert(after);
     } else if (next != nullptr) {
@@ -1275,9 +1273,7 @@ class pool_core final : public completion_listener {
     std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(p));
     if (!owns(p)) return who + buf + " was not allocated from this pool";
     std::lock_guard lock(mutex_);
-    auto it = by_addr_.upper_bound(p);
-    if (it != by_addr_.begin()) {
-      block* b = std::prev(it)->second;
+    if (block* b = by_addr_.at_or_before(p)) {
       if (p < b->addr + b->size) {
         if (state_of(b) == block_state::live) {
           return who + buf +
@@ -1303,7 +1299,7 @@ class pool_core final : public completion_listener {
   std::mutex mutex_;  // the pool lock
   free_bins clear_;
   block_arena arena_;
-  std::map<std::uint64_t, block*> by_addr_;           // every block, live or free
+  address_index<block> by_addr_;                       // every block, live or free
   std::map<std::uint64_t, chunk> chunks_;             // mapped physical memory by address
   std::map<std::uint64_t, std::uint64_t> runs_;       // contiguous mapped runs: start -> end
   address_ranges va_free_;                             // unmapped addresses of the reservations
