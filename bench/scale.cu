@@ -55,8 +55,7 @@ long resident_kib() {
 
 void ring() {
   std::printf("\n1. hand-off ring: allocate 64 KiB on s[i], record, s[i+1] waits, free on s[i+1]: ns per round\n");
-  std::printf("%8s %12s %12s %10s %12s %12s\n", "streams", "streamalloc", "MallocAsync", "ratio", "record+wait",
-              "own share");
+  std::printf("%8s %12s %12s %10s\n", "streams", "streamalloc", "MallocAsync", "ratio");
   std::vector<int> sizes = {2, 16, 128, 1024};
   if (!quick) sizes.push_back(10000);  // thousands of streams alive at once, as servers keep
   for (int n : sizes) {
@@ -95,16 +94,9 @@ void ring() {
       BENCH_CHECK(cudaStreamWaitEvent(s[j].get(), re[i], 0));
       BENCH_CHECK(cudaFreeAsync(p, s[j].get()));
     });
-    // The driver's share of streamalloc's round: the event record and the wait alone.
-    const double floor = time_rounds([&](int r) {
-      const int i = r % n, j = (i + 1) % n;
-      BENCH_CHECK(cudaEventRecord(re[i], s[i].get()));
-      BENCH_CHECK(cudaStreamWaitEvent(s[j].get(), re[i], 0));
-    });
-    std::printf("%8d %12.0f %12.0f %9.2fx %12.0f %12.0f\n", n, ours, async, async / ours, floor, ours - floor);
+    std::printf("%8d %12.0f %12.0f %9.2fx\n", n, ours, async, async / ours);
     json_row("ring_" + std::to_string(n), "\"streams\": " + std::to_string(n) + ", \"streamalloc_ns\": " +
-                                              std::to_string(ours) + ", \"cudaMallocAsync_ns\": " + std::to_string(async) +
-                                              ", \"record_and_wait_ns\": " + std::to_string(floor));
+                                              std::to_string(ours) + ", \"cudaMallocAsync_ns\": " + std::to_string(async));
     for (auto& x : re) BENCH_CHECK(cudaEventDestroy(x));
     BENCH_CHECK(cudaMemPoolDestroy(dp));
   }
