@@ -987,8 +987,9 @@ class pool_core final : public completion_listener {
 
   // --- addresses -------------------------------------------------------------------------------
 
-  /// The first reservation: enough for a few dozen chunks, and small enough that thousands of
-  /// pools fit in a process's address space (the rest is reserved as the pool grows).
+  /// The first reservation: 8 GiB (128 default chunks), or 16 chunks when they are larger;
+  /// small enough that thousands of pools fit in a process's address space (the rest is
+  /// reserved as the pool grows).
   std::uint64_t first_reservation() const noexcept {
     return round_up(std::max<std::uint64_t>(8ull << 30, 16 * options_.chunk_size), granularity_);
   }
