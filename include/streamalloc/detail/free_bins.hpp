@@ -3,14 +3,22 @@
 // Free blocks binned by size, two-level segregated fit (after TLSF): sizes below 16 KiB have a
 // bin per 256 bytes; above, each power of two is split into 32 bins, so a bin's sizes differ by
 // at most 1/32. Insert, remove and "find a block of at least n bytes" are O(1) apart from a
-// short scan of one bin, with no allocation: lists are intrusive (block::prev_free/next_free)
-// and non-empty bins are found through a bitmap.
+// short scan of one bin, with no allocation on the way: lists are intrusive
+// (block::prev_free/next_free) and non-empty bins are found through a bitmap.
+//
+// Every stream a pool serves has two of these (its cache and its pending frees), so their size
+// is a cost per stream: with all 1,248 list heads inline they were 10 KiB each, and a ring over
+// 10,000 streams spent its time missing the caches on them. The heads come in groups of 64 bins
+// (512 bytes), made when a bin of the group is first used and kept: a stream that frees a few
+// sizes holds a few hundred bytes. A group that cannot be made (out of host memory) does not
+// fail the insert: the block goes to an overflow list, which find and the walks also read.
 
 #include <streamalloc/detail/block.hpp>
 
 #include <array>
 #include <bit>
 #include <cstdint>
+#include <new>
 
 namespace streamalloc::detail {
 
@@ -22,6 +30,13 @@ class free_bins {
   static constexpr unsigned first_log2 = 14;     // 16 KiB
   static constexpr unsigned max_log2 = 50;       // 1 PiB: larger sizes share the last bin
   static constexpr unsigned bin_count = linear_bins + (max_log2 - first_log2 + 1) * (1u << sub_bins_log2);
+
+  free_bins() = default;
+  free_bins(const free_bins&) = delete;
+  free_bins& operator=(const free_bins&) = delete;
+  ~free_bins() {
+    for (block** g : groups_) delete[] g;
+  }
 
   /// The bin holding blocks of `size` bytes.
   static constexpr unsigned bin_of(std::uint64_t size) noexcept {
@@ -40,14 +55,20 @@ class free_bins {
   }
 
   void insert(block* b) noexcept {
-    const unsigned i = bin_of(b->size);
+    unsigned i = bin_of(b->size);
+    block** head = head_of(i);
+    if (head == nullptr) {
+      i = overflow_bin;
+      head = &overflow_;
+    } else {
+      bitmap_[i / 64] |= std::uint64_t{1} << (i % 64);
+    }
     b->bin = i;
     b->bins = this;
     b->prev_free = nullptr;
-    b->next_free = heads_[i];
-    if (heads_[i] != nullptr) heads_[i]->prev_free = b;
-    heads_[i] = b;
-    bitmap_[i / 64] |= std::uint64_t{1} << (i % 64);
+    b->next_free = *head;
+    if (*head != nullptr) (*head)->prev_free = b;
+    *head = b;
     bytes_ += b->size;
     ++count_;
   }
@@ -56,9 +77,12 @@ class free_bins {
     const unsigned i = b->bin;
     if (b->prev_free != nullptr) {
       b->prev_free->next_free = b->next_free;
+    } else if (i == overflow_bin) {
+      overflow_ = b->next_free;
     } else {
-      heads_[i] = b->next_free;
-      if (heads_[i] == nullptr) bitmap_[i / 64] &= ~(std::uint64_t{1} << (i % 64));
+      block*& head = groups_[i / group_size][i % group_size];
+      head = b->next_free;
+      if (head == nullptr) bitmap_[i / 64] &= ~(std::uint64_t{1} << (i % 64));
     }
     if (b->next_free != nullptr) b->next_free->prev_free = b->prev_free;
     b->prev_free = b->next_free = nullptr;
@@ -68,56 +92,90 @@ class free_bins {
   }
 
   /// A block of at least `n` bytes for which `usable(block*)` holds: the smallest found in n's
-  /// own bin (scanning at most `scan` entries), else the first usable in the next bins. Blocks
-  /// from a bin above n's waste at most 1/32 (plus a bin) more than best fit. Null if none.
+  /// own bin (scanning at most `scan` entries), else the first usable in the next bins up to
+  /// `max_bin`. Blocks from a bin above n's waste at most 1/32 (plus a bin) more than best fit.
+  /// Null if none.
   template <class Usable>
   block* find(std::uint64_t n, Usable&& usable, unsigned max_bin = bin_count - 1,
               unsigned scan = 16) const noexcept {
     const unsigned first = bin_of(n);
     block* best = nullptr;
     unsigned seen = 0;
-    for (block* b = heads_[first]; b != nullptr && seen < scan; b = b->next_free, ++seen) {
+    for (block* b = bin_head(first); b != nullptr && seen < scan; b = b->next_free, ++seen) {
       if (b->size >= n && (best == nullptr || b->size < best->size) && usable(b)) best = b;
     }
     if (best != nullptr) return best;
     for (unsigned i = next_nonempty(first + 1); i <= max_bin && i < bin_count; i = next_nonempty(i + 1)) {
       seen = 0;
-      for (block* b = heads_[i]; b != nullptr && seen < scan; b = b->next_free, ++seen) {
+      for (block* b = bin_head(i); b != nullptr && seen < scan; b = b->next_free, ++seen) {
         if (usable(b)) return b;
       }
     }
-    return nullptr;
+    // Only after host memory ran out: the best fit within reach among the overflow.
+    for (block* b = overflow_; b != nullptr; b = b->next_free) {
+      if (b->size >= n && bin_of(b->size) <= max_bin && (best == nullptr || b->size < best->size) && usable(b)) {
+        best = b;
+      }
+    }
+    return best;
   }
 
   template <class Fn>
   void for_each(Fn&& fn) const {
-    for (unsigned i = next_nonempty(0); i < bin_count; i = next_nonempty(i + 1)) {
-      for (block* b = heads_[i]; b != nullptr;) {
+    auto walk = [&](block* b) {
+      while (b != nullptr) {
         block* next = b->next_free;  // fn may remove b
         fn(b);
         b = next;
       }
-    }
+    };
+    for (unsigned i = next_nonempty(0); i < bin_count; i = next_nonempty(i + 1)) walk(bin_head(i));
+    walk(overflow_);
   }
 
   /// The largest block's size (0 when empty).
   [[nodiscard]] std::uint64_t largest() const noexcept {
+    std::uint64_t m = 0;
+    for (block* b = overflow_; b != nullptr; b = b->next_free) m = b->size > m ? b->size : m;
     for (unsigned w = words; w-- > 0;) {
       if (bitmap_[w] == 0) continue;
       const unsigned i = w * 64 + 63 - static_cast<unsigned>(std::countl_zero(bitmap_[w]));
-      std::uint64_t m = 0;
-      for (block* b = heads_[i]; b != nullptr; b = b->next_free) m = b->size > m ? b->size : m;
-      return m;
+      for (block* b = bin_head(i); b != nullptr; b = b->next_free) m = b->size > m ? b->size : m;
+      break;
     }
-    return 0;
+    return m;
   }
 
   [[nodiscard]] std::uint64_t bytes() const noexcept { return bytes_; }
   [[nodiscard]] std::size_t count() const noexcept { return count_; }
   [[nodiscard]] bool empty() const noexcept { return count_ == 0; }
+  /// Blocks held in the overflow list (for tests: non-zero only after a group could not be made).
+  [[nodiscard]] std::size_t overflow_count() const noexcept {
+    std::size_t n = 0;
+    for (block* b = overflow_; b != nullptr; b = b->next_free) ++n;
+    return n;
+  }
 
  private:
   static constexpr unsigned words = (bin_count + 63) / 64;
+  static constexpr unsigned group_size = 64;  // bins per group of heads: one bitmap word
+  static constexpr unsigned group_count = (bin_count + group_size - 1) / group_size;
+  static constexpr unsigned overflow_bin = bin_count;  // block::bin of a block in the overflow list
+
+  /// The head of bin `i`'s list, its group made if need be; null if the group cannot be made.
+  block** head_of(unsigned i) noexcept {
+    block**& g = groups_[i / group_size];
+    if (g == nullptr) [[unlikely]] {
+      g = new (std::nothrow) block*[group_size]();
+      if (g == nullptr) return nullptr;
+    }
+    return &g[i % group_size];
+  }
+  /// The first block of bin `i`; null if empty or never used.
+  [[nodiscard]] block* bin_head(unsigned i) const noexcept {
+    block* const* g = groups_[i / group_size];
+    return g == nullptr ? nullptr : g[i % group_size];
+  }
 
   [[nodiscard]] unsigned next_nonempty(unsigned from) const noexcept {
     if (from >= bin_count) return bin_count;
@@ -130,8 +188,9 @@ class free_bins {
     return w * 64 + static_cast<unsigned>(std::countr_zero(bits));
   }
 
-  std::array<block*, bin_count> heads_{};
   std::array<std::uint64_t, words> bitmap_{};
+  std::array<block**, group_count> groups_{};
+  block* overflow_ = nullptr;
   std::uint64_t bytes_ = 0;
   std::size_t count_ = 0;
 };

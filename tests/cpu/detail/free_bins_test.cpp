@@ -4,11 +4,26 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <new>
 #include <random>
 #include <vector>
 
 using streamalloc::detail::block;
 using streamalloc::detail::free_bins;
+
+namespace {
+// When set, the bins' groups of list heads cannot be made, as when host memory runs out.
+bool refuse_groups = false;
+}  // namespace
+
+// The bins make their groups with the nothrow array new; a test refuses them through this.
+[[gnu::noinline]] void* operator new[](std::size_t bytes, const std::nothrow_t&) noexcept {
+  if (refuse_groups) return nullptr;
+  return std::malloc(bytes == 0 ? 1 : bytes);
+}
+[[gnu::noinline]] void operator delete[](void* p) noexcept { std::free(p); }
+[[gnu::noinline]] void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
 
 TEST_CASE("bins cover sizes in order, each bin a narrow range") {
   unsigned last = 0;
@@ -76,4 +91,42 @@ TEST_CASE("find honours the predicate and the largest block is reported") {
   CHECK(bins.find(11u << 20, [](block*) { return true; }) == nullptr);
   bins.remove(&blocks[9]);
   CHECK(bins.largest() == (9u << 20));
+}
+
+TEST_CASE("a bin whose heads cannot be made keeps its blocks in the overflow, found and walked as others") {
+  std::vector<block> blocks(6);
+  free_bins bins;
+  blocks[0].size = 1u << 10;  // its group is made while memory lasts
+  bins.insert(&blocks[0]);
+  refuse_groups = true;
+  for (std::size_t i = 1; i < blocks.size(); ++i) {
+    blocks[i].size = std::uint64_t{i + 1} << 20;  // groups never made: all go to the overflow
+    bins.insert(&blocks[i]);
+  }
+  blocks[1].stamp = 7;
+  bins.remove(&blocks[0]);
+  blocks[0].size = 2u << 10;  // same group as before: no new memory needed
+  bins.insert(&blocks[0]);
+  refuse_groups = false;
+  CHECK(bins.overflow_count() == 5);
+  CHECK(bins.count() == 6);
+  CHECK(bins.bytes() == (2u << 10) + ((2u + 3 + 4 + 5 + 6) << 20));
+  CHECK(bins.largest() == (6u << 20));
+  // The overflow's best fit, within the predicate and the bin limit.
+  block* b = bins.find(3u << 20, [](block*) { return true; });
+  REQUIRE(b != nullptr);
+  CHECK(b->size == (3u << 20));
+  CHECK(bins.find((3u << 20) + 256, [](block*) { return true; }, free_bins::bin_of(4u << 20) - 1) == nullptr);
+  CHECK(bins.find((3u << 20) + 256, [](block*) { return true; })->size == (4u << 20));
+  CHECK(bins.find(1u << 20, [](block* x) { return x->stamp == 7; }) == &blocks[1]);
+  CHECK(bins.find(2u << 10, [](block*) { return true; }) == &blocks[0]);
+  std::size_t walked = 0;
+  bins.for_each([&](block* x) {
+    ++walked;
+    bins.remove(x);
+  });
+  CHECK(walked == 6);
+  CHECK(bins.empty());
+  CHECK(bins.overflow_count() == 0);
+  CHECK(bins.largest() == 0);
 }
