@@ -117,8 +117,9 @@ TEST_SUITE("ordering") {
   }
 }
 
-// The resource concepts, both ways.
-namespace {
+// The resource concepts, both ways. A named namespace: the friends below are only used in
+// unevaluated checks, which clang reports (and -Werror fails) for internal declarations.
+namespace concept_checks {
 struct not_a_resource {};
 struct sync_only_device {
   void* allocate(std::size_t, std::size_t) { return nullptr; }
@@ -127,7 +128,9 @@ struct sync_only_device {
   friend bool operator!=(const sync_only_device&, const sync_only_device&) { return false; }
   friend constexpr void get_property(const sync_only_device&, device_accessible) noexcept {}
 };
-}  // namespace
+}  // namespace concept_checks
+using concept_checks::not_a_resource;
+using concept_checks::sync_only_device;
 static_assert(device_memory_resource<device_resource>);
 static_assert(device_memory_resource<host_device_resource>);
 static_assert(!device_memory_resource<host_resource>);
