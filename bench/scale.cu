@@ -1,6 +1,7 @@
 // How streamalloc's costs grow with the work, beside cudaMallocAsync in the same process:
 //   1. ring    a hand-off ring over N streams: allocate on s[i], record an event, s[i+1] waits
-//              on it, free on s[i+1]; ns per round at N = 2 .. 10,000
+//              on it, free on s[i+1]; ns per round at N = 2 .. 10,000, then split into the
+//              allocator's calls and the ordering calls
 //   2. churn   streams made, used (allocate + free 4 KiB) and destroyed, one after another, a
 //              million of them: us per stream over each block of 1,000, the records streamalloc
 //              holds, and the host memory the process holds
@@ -53,9 +54,27 @@ long resident_kib() {
 
 // --- 1. the hand-off ring ---------------------------------------------------------------------
 
+// Where a round's time goes: the allocator's two calls (allocate + free) and the two ordering
+// calls between them (record + wait), timed one by one in a second pass. The clock's own cost
+// (back-to-back reads) is taken off each interval.
+struct round_split {
+  double alloc_free_ns = 0;
+  double record_wait_ns = 0;
+};
+
+double clock_read_ns() {
+  constexpr int n = 100000;
+  const auto t = clk::now();
+  for (int i = 0; i < n; ++i) (void)clk::now();
+  return seconds_since(t) * 1e9 / n;
+}
+
 void ring() {
-  std::printf("\n1. hand-off ring: allocate 64 KiB on s[i], record, s[i+1] waits, free on s[i+1]: ns per round\n");
-  std::printf("%8s %12s %12s %10s\n", "streams", "streamalloc", "MallocAsync", "ratio");
+  std::printf("\n1. hand-off ring: allocate 64 KiB on s[i], record, s[i+1] waits, free on s[i+1]: ns per round;\n"
+              "   then the round split: allocate + free, and record + wait (timed call by call)\n");
+  std::printf("%8s %12s %12s %10s %14s %14s %14s %14s\n", "streams", "streamalloc", "MallocAsync", "ratio",
+              "ours a+f", "driver a+f", "ours rec+wait", "driver rec+w");
+  const double clock_ns = clock_read_ns();
   std::vector<int> sizes = {2, 16, 128, 1024};
   if (!quick) sizes.push_back(10000);  // thousands of streams alive at once, as servers keep
   for (int n : sizes) {
@@ -79,24 +98,57 @@ void ring() {
       BENCH_CHECK(cudaDeviceSynchronize());
       return ns;
     };
-    const double ours = time_rounds([&](int r) {
+    auto ours_round = [&](int r, auto&& mark) {
       const int i = r % n, j = (i + 1) % n;
       void* p = pool.allocate(64 * KiB, s[i]);
+      mark(1);
       e[i].record(s[i]);
       s[j].wait(e[i]);
+      mark(2);
       pool.deallocate(p, s[j]);
-    });
-    const double async = time_rounds([&](int r) {
+    };
+    auto driver_round = [&](int r, auto&& mark) {
       const int i = r % n, j = (i + 1) % n;
       void* p;
       BENCH_CHECK(cudaMallocFromPoolAsync(&p, 64 * KiB, dp, s[i].get()));
+      mark(1);
       BENCH_CHECK(cudaEventRecord(re[i], s[i].get()));
       BENCH_CHECK(cudaStreamWaitEvent(s[j].get(), re[i], 0));
+      mark(2);
       BENCH_CHECK(cudaFreeAsync(p, s[j].get()));
-    });
-    std::printf("%8d %12.0f %12.0f %9.2fx\n", n, ours, async, async / ours);
-    json_row("ring_" + std::to_string(n), "\"streams\": " + std::to_string(n) + ", \"streamalloc_ns\": " +
-                                              std::to_string(ours) + ", \"cudaMallocAsync_ns\": " + std::to_string(async));
+    };
+    auto no_marks = [](int) {};
+    // The split: the same rounds again, the clock read at each mark.
+    auto split_rounds = [&](auto&& round) {
+      round_split out;
+      BENCH_CHECK(cudaDeviceSynchronize());
+      clk::time_point a, b, c;
+      for (int r = 0; r < rounds; ++r) {
+        a = clk::now();
+        round(r, [&](int m) { (m == 1 ? b : c) = clk::now(); });
+        const auto d = clk::now();
+        out.alloc_free_ns += std::chrono::duration<double, std::nano>((b - a) + (d - c)).count() - 2 * clock_ns;
+        out.record_wait_ns += std::chrono::duration<double, std::nano>(c - b).count() - clock_ns;
+      }
+      BENCH_CHECK(cudaDeviceSynchronize());
+      out.alloc_free_ns /= rounds;
+      out.record_wait_ns /= rounds;
+      return out;
+    };
+    const double ours = time_rounds([&](int r) { ours_round(r, no_marks); });
+    const double async = time_rounds([&](int r) { driver_round(r, no_marks); });
+    const round_split ours_split = split_rounds(ours_round);
+    const round_split async_split = split_rounds(driver_round);
+    std::printf("%8d %12.0f %12.0f %9.2fx %14.0f %14.0f %14.0f %14.0f\n", n, ours, async, async / ours,
+                ours_split.alloc_free_ns, async_split.alloc_free_ns, ours_split.record_wait_ns,
+                async_split.record_wait_ns);
+    json_row("ring_" + std::to_string(n),
+             "\"streams\": " + std::to_string(n) + ", \"streamalloc_ns\": " + std::to_string(ours) +
+                 ", \"cudaMallocAsync_ns\": " + std::to_string(async) + ", \"streamalloc_alloc_free_ns\": " +
+                 std::to_string(ours_split.alloc_free_ns) + ", \"cudaMallocAsync_alloc_free_ns\": " +
+                 std::to_string(async_split.alloc_free_ns) + ", \"streamalloc_record_wait_ns\": " +
+                 std::to_string(ours_split.record_wait_ns) + ", \"driver_record_wait_ns\": " +
+                 std::to_string(async_split.record_wait_ns));
     for (auto& x : re) BENCH_CHECK(cudaEventDestroy(x));
     BENCH_CHECK(cudaMemPoolDestroy(dp));
   }
