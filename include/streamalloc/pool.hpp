@@ -135,13 +135,57 @@ class pool_closed : public std::logic_error {
   using std::logic_error::logic_error;
 };
 
+class pool;
+
+/**
+ * @brief What a free that may not throw found wrong: the pointer was not a live allocation of
+ * the pool (foreign, interior, or freed already), or the stream was of the wrong device.
+ *
+ * Two kinds of free exist. `pool::deallocate`, `pool::deallocate_sync` and
+ * `streamalloc::deallocate` are the checking form: a bad free throws `std::invalid_argument`
+ * and changes nothing, for code that wants to test for it. The frees that containers and
+ * destructors call (`pool_resource::deallocate` and `deallocate_async`, `pmr_resource`'s) are
+ * `noexcept`: an exception there would end the program through `std::terminate` with no word
+ * of the cause, so they hand a `bad_free` to the bad-free handler instead.
+ */
+struct bad_free {
+  const void* pointer;    ///< what was freed
+  const pool* owner;      ///< the pool it was freed to
+  const char* operation;  ///< the free that was called, as "streamalloc::pool_resource::deallocate"
+  const char* reason;     ///< what the checking form would have thrown
+};
+
+/// Called with each bad free found by a free that may not throw. It must not throw; it may
+/// return (the free is then ignored: nothing is freed, nothing changes), log, or end the program.
+using bad_free_handler = void (*)(const bad_free&) noexcept;
+
+namespace detail {
+/// The default handler (defined after `pool`, whose location it names).
+inline void abort_on_bad_free(const bad_free& b) noexcept;
+inline std::atomic<bad_free_handler>& bad_free_handler_slot() noexcept {
+  static std::atomic<bad_free_handler> h{&abort_on_bad_free};
+  return h;
+}
+}  // namespace detail
+
+/// Installs `h` as the bad-free handler for the whole process and returns the one it replaces;
+/// nullptr puts back the default (print the pointer, the pool and the reason to stderr, then
+/// abort). Thread-safe.
+inline bad_free_handler set_bad_free_handler(bad_free_handler h) noexcept {
+  return detail::bad_free_handler_slot().exchange(h != nullptr ? h : &detail::abort_on_bad_free,
+                                                  std::memory_order_acq_rel);
+}
+/// The bad-free handler in force.
+[[nodiscard]] inline bad_free_handler get_bad_free_handler() noexcept {
+  return detail::bad_free_handler_slot().load(std::memory_order_acquire);
+}
+
 /// What was left when a pool was closed.
 struct pool_close_report {
   std::size_t live_allocations = 0;
   std::size_t live_bytes = 0;
 };
 
-class pool;
 class pool_ref;
 
 namespace detail {
@@ -668,6 +712,39 @@ class pool_ref {
 };
 
 namespace detail {
+/// Like a C library's double-free check: say what happened and abort, because a program that
+/// frees what it does not own has already lost track of its memory.
+inline void abort_on_bad_free(const bad_free& b) noexcept {
+  std::string where = "a closed pool";
+  try {
+    if (b.owner != nullptr && !b.owner->closed()) where = "the pool on " + b.owner->location().to_string();
+  } catch (...) {  // out of memory: the message goes without the pool's location
+  }
+  std::fprintf(stderr, "streamalloc: %s: bad free of %p to %s: %s\n", b.operation, b.pointer, where.c_str(), b.reason);
+  std::abort();
+}
+
+/// Runs a checking free (one that throws) where a free may not throw: a bad free goes to the
+/// bad-free handler; any other failure (out of host memory for the stream's state) leaves the
+/// allocation live, which the pool reports when it is closed, and says so on stderr. A pool
+/// closed already gave its memory back: there is nothing left to free.
+template <class Free>
+void free_or_report(const pool& owner, const void* p, const char* operation, Free&& free) noexcept {
+  if (owner.closed()) return;
+  try {
+    free();
+  } catch (const std::invalid_argument& e) {
+    get_bad_free_handler()(bad_free{p, &owner, operation, e.what()});
+  } catch (const pool_closed&) {  // closed meanwhile by another thread: as above
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "streamalloc: %s: the free of %p was not made and the allocation stays live: %s\n",
+                 operation, p, e.what());
+  } catch (...) {
+    std::fprintf(stderr, "streamalloc: %s: the free of %p was not made and the allocation stays live\n", operation,
+                 p);
+  }
+}
+
 inline std::array<std::atomic<pool*>, max_devices>& current_pools() {
   static std::array<std::atomic<pool*>, max_devices> p{};
   return p;

@@ -118,15 +118,17 @@ class pool_resource : public detail::property_tag<pool_resource<Properties...>, 
   }
   /**
    * @brief Synchronous free: no work may still use `p`, which must be what `allocate` returned
-   * with the same alignment.
-   * @throws std::invalid_argument, changing nothing, for a foreign pointer, a double free, or
-   *         a pointer inside an allocation (for an alignment above 256, one that is not the
-   *         aligned pointer `allocate` returned)
-   * @throws pool_closed when the pool is closed
+   * with the same alignment. Never throws (containers and destructors call it): a foreign
+   * pointer, a double free, or a pointer inside an allocation (for an alignment above 256, one
+   * that is not the aligned pointer `allocate` returned) goes to the bad-free handler
+   * (`set_bad_free_handler`; by default: a message, then abort) and changes nothing. After the
+   * pool was closed it does nothing: the memory is gone already. `pool::deallocate_sync` is
+   * the form that throws.
    */
-  void deallocate(void* p, std::size_t bytes, std::size_t alignment = 256) {
+  void deallocate(void* p, std::size_t bytes, std::size_t alignment = 256) noexcept {
     (void)bytes;
-    pool_->deallocate_sync(start_of(p, alignment));
+    detail::free_or_report(*pool_, p, "streamalloc::pool_resource::deallocate",
+                           [&] { pool_->deallocate_sync(start_of(p, alignment)); });
   }
   /// Allocation in the order of `s`. @throws out_of_memory, std::invalid_argument
   [[nodiscard]] void* allocate_async(std::size_t bytes, std::size_t alignment, ::cuda::stream_ref s) {
@@ -139,15 +141,18 @@ class pool_resource : public detail::property_tag<pool_resource<Properties...>, 
   }
   [[nodiscard]] void* allocate_async(std::size_t bytes, stream_ref s) { return pool_->allocate(bytes, s); }
   /// Free in the order of `s` (every stream that used `p` ordered before it). `p` must be what
-  /// `allocate_async` returned with the same alignment. @throws as `deallocate`
-  void deallocate_async(void* p, std::size_t bytes, std::size_t alignment, ::cuda::stream_ref s) {
+  /// `allocate_async` returned with the same alignment. Never throws: a bad free (as for
+  /// `deallocate`, or a stream of another device) goes to the bad-free handler. `pool::deallocate`
+  /// is the form that throws.
+  void deallocate_async(void* p, std::size_t bytes, std::size_t alignment, ::cuda::stream_ref s) noexcept {
     deallocate_async(p, bytes, alignment, stream_ref(s));
   }
-  void deallocate_async(void* p, std::size_t bytes, std::size_t alignment, stream_ref s) {
+  void deallocate_async(void* p, std::size_t bytes, std::size_t alignment, stream_ref s) noexcept {
     (void)bytes;
-    pool_->deallocate(start_of(p, alignment), s);
+    detail::free_or_report(*pool_, p, "streamalloc::pool_resource::deallocate_async",
+                           [&] { pool_->deallocate(start_of(p, alignment), s); });
   }
-  void deallocate_async(void* p, std::size_t bytes, stream_ref s) { deallocate_async(p, bytes, 256, s); }
+  void deallocate_async(void* p, std::size_t bytes, stream_ref s) noexcept { deallocate_async(p, bytes, 256, s); }
 
   [[nodiscard]] pool_ref pool() const noexcept { return *pool_; }
 
@@ -246,8 +251,9 @@ inline constexpr bool is_pool_resource_v<pool_resource<P...>> = true;
  * with a stream, it allocates and frees in that stream's order instead: the memory is then for
  * work on that stream, and the host may touch it only where nothing else on the stream does.
  * Equal to another `pmr_resource` over the same pool and stream. Frees never throw (containers
- * free from destructors): a pointer the pool refuses is reported on stderr and left alone, and
- * a free after the pool was closed does nothing.
+ * free from destructors): a pointer the pool refuses goes to the bad-free handler
+ * (`set_bad_free_handler`; by default a message, then abort), and a free after the pool was
+ * closed does nothing.
  * @code
  * streamalloc::pool host_pool({.location = streamalloc::memory_location::host_numa(0)});
  * streamalloc::pmr_resource mr(streamalloc::host_resource(host_pool));
@@ -285,23 +291,15 @@ class pmr_resource final : public std::pmr::memory_resource {
     return ordered_ ? r.allocate_async(n, alignment, stream_) : r.allocate(n, alignment);
   }
   // Never throws: std::pmr containers free from their destructors, where an exception would
-  // end the program (std::terminate), and their allocators' deallocate is not expected to
-  // fail. A pointer the pool refuses (foreign, interior, a double free) is reported on stderr
-  // and left alone, as the pool's free would have left it; after the pool was closed its
-  // memory is gone already, so there is nothing to free and nothing to report.
+  // end the program (std::terminate). A pointer the pool refuses (foreign, interior, a double
+  // free) goes to the bad-free handler, which by default aborts with a message; after the pool
+  // was closed its memory is gone already, so there is nothing to free.
   void do_deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept override {
-    if (pool_->closed()) return;
-    try {
-      host_resource r(*pool_);
-      if (ordered_) {
-        r.deallocate_async(p, bytes, alignment, stream_);
-      } else {
-        r.deallocate(p, bytes, alignment);
-      }
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "streamalloc: pmr_resource: a free was refused and ignored: %s\n", e.what());
-    } catch (...) {
-      std::fprintf(stderr, "streamalloc: pmr_resource: a free was refused and ignored\n");
+    host_resource r(*pool_);  // does not throw: the claim was checked when this resource was made
+    if (ordered_) {
+      r.deallocate_async(p, bytes, alignment, stream_);
+    } else {
+      r.deallocate(p, bytes, alignment);
     }
   }
   bool do_is_equal(const std::pmr::memory_resource& other) const noexcept override {

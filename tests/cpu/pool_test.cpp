@@ -9,9 +9,15 @@
 
 #include <doctest/doctest.h>
 
+#include "bad_free_recorder.hpp"
 #include "fake_driver.hpp"
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <csignal>
+#include <cstdio>
 #include <cstdint>
 #include <cstdlib>
 #include <memory_resource>
@@ -22,6 +28,7 @@
 #include <vector>
 
 using namespace streamalloc;
+using streamalloc_test::bad_free_recorder;
 using streamalloc_test::fake_live;
 
 namespace {
@@ -361,7 +368,13 @@ TEST_SUITE("pool") {
     CHECK_THROWS_WITH_AS((void)r.statistics(), closed_in("statistics"), pool_closed);
     device_resource mr(p);
     CHECK_THROWS_WITH_AS((void)mr.allocate(1024, 4096), closed_in("allocate_sync"), pool_closed);
-    CHECK_THROWS_AS(mr.deallocate(a, 1024, 4096), pool_closed);
+    {
+      // A resource's free may not throw: into a closed pool there is nothing left to free.
+      const bad_free_recorder bad;
+      mr.deallocate(a, 1024, 4096);
+      mr.deallocate_async(a, 1024, 256, s);
+      CHECK(bad.count() == 0);
+    }
     // A refused setter changed nothing; what needs no memory still answers.
     CHECK(p.properties().release_threshold == 0);
     CHECK(p.location() == memory_location::device(0));
@@ -431,16 +444,29 @@ TEST_SUITE("pool") {
     REQUIRE(a != nullptr);
     CHECK(reinterpret_cast<std::uintptr_t>(a) % 4096 == 0);
     char* inside = static_cast<char*>(a) + 512;
-    CHECK_THROWS_WITH_AS(r.deallocate(inside, 1000, 4096),
-                         doctest::Contains("with alignment 4096 is not a pointer allocate returned"),
-                         std::invalid_argument);
-    CHECK_THROWS_WITH_AS(r.deallocate_async(inside, 1000, 4096, s),
-                         doctest::Contains("is not a pointer allocate returned"), std::invalid_argument);
+    // The resource's frees may not throw: each refusal goes to the bad-free handler.
+    const bad_free_recorder bad;
+    static_assert(noexcept(r.deallocate(inside, 1000, 4096)) && noexcept(r.deallocate_async(inside, 1000, 4096, s)));
+    r.deallocate(inside, 1000, 4096);
+    CHECK(bad.count() == 1);
+    CHECK(bad.latest().pointer == inside);
+    CHECK(bad.latest().owner == &p);
+    CHECK(bad.latest().operation == "streamalloc::pool_resource::deallocate");
+    CHECK(bad.latest().reason.find("with alignment 4096 is not a pointer allocate returned") != std::string::npos);
+    r.deallocate_async(inside, 1000, 4096, s);
+    CHECK(bad.count() == 2);
+    CHECK(bad.latest().operation == "streamalloc::pool_resource::deallocate_async");
+    CHECK(bad.latest().reason.find("is not a pointer allocate returned") != std::string::npos);
     // An interior pointer at a multiple of the alignment, as a larger allocation has them.
     void* big = r.allocate(64 * 1024, 4096);
-    CHECK_THROWS_AS(r.deallocate(static_cast<char*>(big) + 8192, 64 * 1024, 4096), std::invalid_argument);
+    r.deallocate(static_cast<char*>(big) + 8192, 64 * 1024, 4096);
+    CHECK(bad.count() == 3);
     // With an alignment of 256 or less the pool itself refuses interior pointers.
-    CHECK_THROWS_WITH_AS(r.deallocate(inside, 1000, 256), doctest::Contains("points inside an allocation"),
+    r.deallocate(inside, 1000, 256);
+    CHECK(bad.count() == 4);
+    CHECK(bad.latest().reason.find("points inside an allocation") != std::string::npos);
+    // The checking form throws the same refusal.
+    CHECK_THROWS_WITH_AS(p.deallocate_sync(inside), doctest::Contains("points inside an allocation"),
                          std::invalid_argument);
     CHECK(p.statistics().live_allocations == 2);  // every refusal changed nothing
     r.deallocate(a, 1000, 4096);
@@ -452,17 +478,25 @@ TEST_SUITE("pool") {
     CHECK(p.statistics().live_allocations == 0);
   }
 
-  TEST_CASE("pmr_resource frees never throw: a refused free is reported, a closed pool's ignored") {
+  TEST_CASE("pmr_resource frees never throw: a refused free goes to the handler, a closed pool's is ignored") {
     pool host_pool(pool_properties{.location = memory_location::host_numa(0)});
     pmr_resource mr{host_resource(host_pool)};
     std::pmr::memory_resource& base = mr;
+    const bad_free_recorder bad;
     void* x = base.allocate(1000, 512);
-    CHECK_NOTHROW(base.deallocate(static_cast<char*>(x) + 512, 1000, 512));  // refused, on stderr
-    CHECK_NOTHROW(base.deallocate(reinterpret_cast<void*>(0x1000), 16, 16));
+    base.deallocate(static_cast<char*>(x) + 512, 1000, 512);
+    CHECK(bad.count() == 1);
+    CHECK(bad.latest().pointer == static_cast<char*>(x) + 512);
+    base.deallocate(reinterpret_cast<void*>(0x1000), 16, 16);
+    CHECK(bad.count() == 2);
+    CHECK(bad.latest().reason.find("0x1000") != std::string::npos);
     CHECK(host_pool.statistics().live_allocations == 1);
     base.deallocate(x, 1000, 512);
     CHECK(host_pool.statistics().live_allocations == 0);
-    CHECK_NOTHROW(base.deallocate(x, 1000, 512));  // a double free: refused, on stderr
+    CHECK(bad.count() == 2);
+    base.deallocate(x, 1000, 512);  // a double free
+    CHECK(bad.count() == 3);
+    CHECK(bad.latest().owner == &host_pool);
     {
       std::pmr::vector<int> v(&mr);
       v.reserve(1000);  // no elements: the fake driver's addresses hold no memory
@@ -470,6 +504,37 @@ TEST_SUITE("pool") {
       CHECK(host_pool.close().live_allocations == 1);
     }  // v frees into the closed pool: nothing happens
     CHECK(host_pool.closed());
+  }
+
+  TEST_CASE("the default bad-free handler names the pointer, the pool and the reason, then aborts") {
+    pool p;
+    device_resource r(p);
+    void* a = r.allocate(1000);
+    int fds[2];
+    REQUIRE(::pipe(fds) == 0);
+    const pid_t child = ::fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {  // only what the free does runs here: it must not return
+      ::dup2(fds[1], STDERR_FILENO);
+      r.deallocate(static_cast<char*>(a) + 256, 1000);
+      ::_exit(0);
+    }
+    ::close(fds[1]);
+    std::string said;
+    char buf[512];
+    for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) said.append(buf, static_cast<std::size_t>(n));
+    ::close(fds[0]);
+    int status = 0;
+    REQUIRE(::waitpid(child, &status, 0) == child);
+    CHECK(WIFSIGNALED(status));
+    CHECK(WTERMSIG(status) == SIGABRT);
+    char where[32];
+    std::snprintf(where, sizeof where, "%p", static_cast<void*>(static_cast<char*>(a) + 256));
+    CHECK(said.find("streamalloc::pool_resource::deallocate: bad free of " + std::string(where)) != std::string::npos);
+    CHECK(said.find("to the pool on device 0") != std::string::npos);
+    CHECK(said.find("points inside an allocation") != std::string::npos);
+    r.deallocate(a, 1000);
+    CHECK(p.statistics().live_allocations == 0);
   }
 
   TEST_CASE("max_size is rounded down to the granularity: the pool never holds more") {
