@@ -36,6 +36,19 @@
 #endif
 #endif
 
+// What the checks change (the bodies of `detail::check_proof` and of `basic_stream_buffer`'s
+// members) lives in an inline namespace named after the mode. Two translation units built in
+// different modes and linked into one program, a debug library beside a release one, would
+// otherwise define the same inline functions and templates with different bodies: the linker
+// keeps one of them for both, silently, and one side loses or gains its checks (a violation of
+// the one-definition rule). With the namespace each side keeps its own; a function that passes
+// a stream buffer from one mode to the other no longer links, and says so.
+#if STREAMALLOC_CHECK_ORDERING != 0
+#define STREAMALLOC_ORDERING_MODE ordering_checked
+#else
+#define STREAMALLOC_ORDERING_MODE ordering_unchecked
+#endif
+
 namespace streamalloc {
 
 class stream_ref;
@@ -148,6 +161,7 @@ inline std::string unproven(const host_order& proof, stream_record& from, std::u
   return "the host synchronization happened before the memory's last use on " + stream_name(from.id());
 }
 
+inline namespace STREAMALLOC_ORDERING_MODE {
 /// Throws ordering_error (when checks are on) if `proof` does not cover the use.
 template <ordering_proof P>
 void check_proof(const P& proof, stream_record& from, std::uint64_t last_use, const stream_record* to,
@@ -161,6 +175,7 @@ void check_proof(const P& proof, stream_record& from, std::uint64_t last_use, co
     (void)proof, (void)from, (void)last_use, (void)to, (void)what;
   }
 }
+}  // namespace STREAMALLOC_ORDERING_MODE
 
 }  // namespace detail
 }  // namespace streamalloc

@@ -31,8 +31,10 @@ enum class growth {
   moved,      ///< new memory allocated and the contents copied there (the address changed)
 };
 
+inline namespace STREAMALLOC_ORDERING_MODE {  // see <streamalloc/ordering.hpp>
 template <class T, class... Properties>
 class basic_stream_buffer;
+}  // namespace STREAMALLOC_ORDERING_MODE
 
 namespace detail {
 template <class>
@@ -49,6 +51,8 @@ inline void check_runtime(cudaError_t e, const char* call) {
   }
 }
 }  // namespace detail
+
+inline namespace STREAMALLOC_ORDERING_MODE {
 
 /**
  * @brief A buffer of `T` allocated from a pool in the order of a stream (its stream), freed
@@ -589,5 +593,7 @@ using stream_buffer = basic_stream_buffer<T, device_accessible>;
 /// Host memory from a host pool, for host code and kernels.
 template <class T>
 using host_stream_buffer = basic_stream_buffer<T, host_accessible, device_accessible>;
+
+}  // namespace STREAMALLOC_ORDERING_MODE
 
 }  // namespace streamalloc
