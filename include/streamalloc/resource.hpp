@@ -103,18 +103,18 @@ class pool_resource : public detail::property_tag<pool_resource<Properties...>, 
    * @throws std::invalid_argument when the pool's memory lacks an access the type claims
    *         (host access claimed over a device pool)
    */
-  explicit pool_resource(pool_ref p) : pool_(&p.get()) {
-    if (is_host_accessible && !p.get().location().is_host()) {
+  explicit pool_resource(pool_ref p) : pool_(p) {
+    if (is_host_accessible && !p.location().is_host()) {
       throw std::invalid_argument("streamalloc::pool_resource: host_accessible claimed over a pool on " +
-                                  p.get().location().to_string() + ", which host code cannot read");
+                                  p.location().to_string() + ", which host code cannot read");
     }
   }
 
   /// Synchronous allocation (see the class notes). @throws out_of_memory, std::invalid_argument
   [[nodiscard]] void* allocate(std::size_t bytes, std::size_t alignment = 256) {
     detail::check_alignment(alignment, "pool_resource::allocate");
-    if (alignment <= 256) return pool_->allocate_sync(bytes);
-    return align_up(pool_->allocate_sync(padded(bytes, alignment)), alignment);
+    if (alignment <= 256) return pool_.allocate_sync(bytes);
+    return align_up(pool_.allocate_sync(padded(bytes, alignment)), alignment);
   }
   /**
    * @brief Synchronous free: no work may still use `p`, which must be what `allocate` returned
@@ -127,8 +127,8 @@ class pool_resource : public detail::property_tag<pool_resource<Properties...>, 
    */
   void deallocate(void* p, std::size_t bytes, std::size_t alignment = 256) noexcept {
     (void)bytes;
-    detail::free_or_report(*pool_, p, "streamalloc::pool_resource::deallocate",
-                           [&] { pool_->deallocate_sync(start_of(p, alignment)); });
+    detail::free_or_report(pool_, p, "streamalloc::pool_resource::deallocate",
+                           [&] { pool_.deallocate_sync(start_of(p, alignment)); });
   }
   /// Allocation in the order of `s`. @throws out_of_memory, std::invalid_argument
   [[nodiscard]] void* allocate_async(std::size_t bytes, std::size_t alignment, ::cuda::stream_ref s) {
@@ -136,10 +136,10 @@ class pool_resource : public detail::property_tag<pool_resource<Properties...>, 
   }
   [[nodiscard]] void* allocate_async(std::size_t bytes, std::size_t alignment, stream_ref s) {
     detail::check_alignment(alignment, "pool_resource::allocate_async");
-    if (alignment <= 256) return pool_->allocate(bytes, s);
-    return align_up(pool_->allocate(padded(bytes, alignment), s), alignment);
+    if (alignment <= 256) return pool_.allocate(bytes, s);
+    return align_up(pool_.allocate(padded(bytes, alignment), s), alignment);
   }
-  [[nodiscard]] void* allocate_async(std::size_t bytes, stream_ref s) { return pool_->allocate(bytes, s); }
+  [[nodiscard]] void* allocate_async(std::size_t bytes, stream_ref s) { return pool_.allocate(bytes, s); }
   /// Free in the order of `s` (every stream that used `p` ordered before it). `p` must be what
   /// `allocate_async` returned with the same alignment. Never throws: a bad free (as for
   /// `deallocate`, or a stream of another device) goes to the bad-free handler. `pool::deallocate`
@@ -149,12 +149,12 @@ class pool_resource : public detail::property_tag<pool_resource<Properties...>, 
   }
   void deallocate_async(void* p, std::size_t bytes, std::size_t alignment, stream_ref s) noexcept {
     (void)bytes;
-    detail::free_or_report(*pool_, p, "streamalloc::pool_resource::deallocate_async",
-                           [&] { pool_->deallocate(start_of(p, alignment), s); });
+    detail::free_or_report(pool_, p, "streamalloc::pool_resource::deallocate_async",
+                           [&] { pool_.deallocate(start_of(p, alignment), s); });
   }
   void deallocate_async(void* p, std::size_t bytes, stream_ref s) noexcept { deallocate_async(p, bytes, 256, s); }
 
-  [[nodiscard]] pool_ref pool() const noexcept { return *pool_; }
+  [[nodiscard]] pool_ref pool() const noexcept { return pool_; }
 
   friend bool operator==(const pool_resource& a, const pool_resource& b) noexcept { return a.pool_ == b.pool_; }
   friend bool operator!=(const pool_resource& a, const pool_resource& b) noexcept { return !(a == b); }
@@ -164,7 +164,7 @@ class pool_resource : public detail::property_tag<pool_resource<Properties...>, 
   template <class... Others>
     requires(has_property_v<Others, Properties...> && ...)
   operator pool_resource<Others...>() const {  // NOLINT: narrowing a claim is always safe
-    return pool_resource<Others...>(*pool_);
+    return pool_resource<Others...>(pool_);
   }
 
  private:
@@ -187,7 +187,7 @@ class pool_resource : public detail::property_tag<pool_resource<Properties...>, 
   void* start_of(void* p, std::size_t alignment) const {
     if (p == nullptr || alignment <= 256) return p;
     detail::check_alignment(alignment, "pool_resource::deallocate");
-    auto a = pool_->find_allocation(p);
+    auto a = pool_.find_allocation(p);
     if (!a) return p;  // not live here: the pool's free says so, naming the pointer
     if (align_up(a->first, alignment) != p) [[unlikely]] throw_not_returned(p, alignment, a->first);
     return a->first;
@@ -204,7 +204,7 @@ class pool_resource : public detail::property_tag<pool_resource<Properties...>, 
                                 " (free with the pointer and the alignment allocate was given)");
   }
 
-  streamalloc::pool* pool_;
+  pool_ref pool_;
 };
 
 /// Device memory from a pool.
@@ -263,7 +263,7 @@ inline constexpr bool is_pool_resource_v<pool_resource<P...>> = true;
 class pmr_resource final : public std::pmr::memory_resource {
  public:
   template <class... P>
-  explicit pmr_resource(pool_resource<P...> r) : pool_(&r.pool().get()) {
+  explicit pmr_resource(pool_resource<P...> r) : pool_(r.pool()) {
     static_assert(has_property_v<host_accessible, P...>,
                   "streamalloc::pmr_resource: std::pmr containers touch their memory from host code, so the "
                   "resource must be host_accessible (a host pool's host_resource); device memory goes through "
@@ -275,7 +275,7 @@ class pmr_resource final : public std::pmr::memory_resource {
     ordered_ = true;
   }
 
-  [[nodiscard]] pool_ref pool() const noexcept { return *pool_; }
+  [[nodiscard]] pool_ref pool() const noexcept { return pool_; }
   /// The stream allocations are ordered on, if any.
   [[nodiscard]] std::optional<stream_ref> stream() const noexcept {
     return ordered_ ? std::optional<stream_ref>(stream_) : std::nullopt;
@@ -286,8 +286,8 @@ class pmr_resource final : public std::pmr::memory_resource {
     detail::check_alignment(alignment, "pmr_resource::allocate");
     // std::pmr never asks for 0 bytes' nullptr: give the smallest block instead.
     const std::size_t n = bytes == 0 ? 1 : bytes;
-    if (alignment <= 256) return ordered_ ? pool_->allocate(n, stream_) : pool_->allocate_sync(n);
-    host_resource r(*pool_);
+    if (alignment <= 256) return ordered_ ? pool_.allocate(n, stream_) : pool_.allocate_sync(n);
+    host_resource r(pool_);
     return ordered_ ? r.allocate_async(n, alignment, stream_) : r.allocate(n, alignment);
   }
   // Never throws: std::pmr containers free from their destructors, where an exception would
@@ -295,7 +295,7 @@ class pmr_resource final : public std::pmr::memory_resource {
   // free) goes to the bad-free handler, which by default aborts with a message; after the pool
   // was closed its memory is gone already, so there is nothing to free.
   void do_deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept override {
-    host_resource r(*pool_);  // does not throw: the claim was checked when this resource was made
+    host_resource r(pool_);  // does not throw: the claim was checked when this resource was made
     if (ordered_) {
       r.deallocate_async(p, bytes, alignment, stream_);
     } else {
@@ -307,7 +307,7 @@ class pmr_resource final : public std::pmr::memory_resource {
     return o != nullptr && o->pool_ == pool_ && o->ordered_ == ordered_ && (!ordered_ || o->stream_ == stream_);
   }
 
-  streamalloc::pool* pool_;
+  pool_ref pool_;
   stream_ref stream_ = stream_ref::legacy_default();
   bool ordered_ = false;
 };

@@ -110,7 +110,7 @@ class basic_stream_buffer {
     static_assert(!is_host_accessible,
                   "streamalloc::stream_buffer: the current pool holds device memory; a host-accessible buffer "
                   "needs a host pool's resource: host_stream_buffer<T>(count, stream, host_device_resource(pool))");
-    pool_ = &current_pool(s.device()).get();
+    pool_ = detail::state_of(current_pool(s.device()));
     allocate_initial(count);
   }
 
@@ -121,7 +121,7 @@ class basic_stream_buffer {
    */
   template <class... Q>
   basic_stream_buffer(size_type count, stream_ref s, pool_resource<Q...> r)
-      : pool_(&r.pool().get()), stream_(s.resolved()) {
+      : pool_(detail::state_of(r.pool())), stream_(s.resolved()) {
     static_assert(!is_host_accessible || has_property_v<host_accessible, Q...>,
                   "streamalloc::stream_buffer: this buffer's elements are accessed from host code, but the resource "
                   "does not claim host_accessible (a device pool's memory cannot be read by the host)");
@@ -188,7 +188,7 @@ class basic_stream_buffer {
   [[nodiscard]] const T* data() const noexcept { return data_; }
   /// The stream the buffer is ordered on.
   [[nodiscard]] stream_ref stream() const noexcept { return stream_; }
-  [[nodiscard]] pool_ref pool() const noexcept { return *pool_; }
+  [[nodiscard]] pool_ref pool() const noexcept { return pool_ref(*pool_); }
 
   // --- host access (host-accessible buffers only) ---------------------------------------------
 
@@ -578,7 +578,7 @@ class basic_stream_buffer {
     size_ = capacity_ = 0;
   }
 
-  streamalloc::pool* pool_ = nullptr;
+  detail::pool_state* pool_ = nullptr;  // the pool's state: it stays when the pool is moved
   stream_ref stream_ = stream_ref::legacy_default();
   T* data_ = nullptr;
   size_type size_ = 0;

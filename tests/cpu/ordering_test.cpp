@@ -113,7 +113,7 @@ TEST_SUITE("ordering") {
     const host_device_resource both(host_pool);
     const host_resource narrowed = both;
     CHECK(narrowed.pool() == pool_ref(host_pool));
-    CHECK_THROWS_AS((void)d.pool().get().allocate_sync(std::size_t{1} << 63), out_of_memory);
+    CHECK_THROWS_AS((void)d.pool().allocate_sync(std::size_t{1} << 63), out_of_memory);
   }
 }
 

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <memory_resource>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -338,6 +339,75 @@ TEST_SUITE("pool") {
     CHECK(fake_live().events == before.events);
   }
 
+  TEST_CASE("a pool moves with its identity: refs, resources, buffers, the current pool and the directory follow it") {
+    stream s(0);
+    pool p;
+    void* a = p.allocate(4096, s);
+    const pool_ref r = p;
+    device_resource mr(p);
+    void* m = mr.allocate_async(8192, 256, s);
+    std::optional<stream_buffer<int>> buf;
+    buf.emplace(1000, s, p);
+    set_current_pool(0, p);
+
+    pool q = std::move(p);
+    // The moved-from pool is closed and says why; it still answers closed() and owns().
+    CHECK(p.closed());  // NOLINT(bugprone-use-after-move): what a moved-from pool does is the point
+    CHECK_FALSE(p.owns(a));
+    CHECK_THROWS_WITH_AS((void)p.allocate(256, s), doctest::Contains("allocate: the pool was moved from"), pool_closed);
+    CHECK_THROWS_WITH_AS((void)p.location(), doctest::Contains("location: the pool was moved from"), pool_closed);
+    CHECK(p.close().live_allocations == 0);  // nothing to close
+    // Everything made from it names q now.
+    CHECK(r == pool_ref(q));
+    CHECK(mr.pool() == pool_ref(q));
+    CHECK(buf->pool() == pool_ref(q));
+    CHECK(current_pool(0) == pool_ref(q));
+    const auto found = find_pool(a);
+    REQUIRE(found.has_value());
+    CHECK(*found == pool_ref(q));
+    CHECK(q.owns(a));
+    CHECK(q.statistics().live_allocations == 3);
+    // And works through each of them.
+    r.deallocate(a, s);
+    mr.deallocate_async(m, 8192, 256, s);
+    buf->resize(5000);
+    buf.reset();
+    void* b = streamalloc::allocate(512, s);  // the current pool: q
+    CHECK(q.owns(b));
+    streamalloc::deallocate(b, s);
+    CHECK(q.statistics().live_allocations == 0);
+
+    // Pools in a vector survive its reallocations.
+    std::vector<pool> pools;
+    std::vector<void*> ptrs;
+    for (int i = 0; i < 9; ++i) {
+      pools.emplace_back();
+      ptrs.push_back(pools.back().allocate(1024, s));
+    }
+    for (std::size_t i = 0; i < pools.size(); ++i) {
+      CHECK(find_pool(ptrs[i]) == pool_ref(pools[i]));
+      pools[i].deallocate(ptrs[i], s);
+      CHECK(pools[i].statistics().live_allocations == 0);
+    }
+
+    // Move assignment closes what the target held (as its destructor would), then takes over.
+    pool other;
+    void* c = other.allocate(256, s);
+    q = std::move(other);
+    CHECK(q.owns(c));
+    CHECK_FALSE(current_pool(0) == pool_ref(q));  // the old q was current; closing it reset that
+    CHECK(current_pool(0) == default_pool(0));
+    q.deallocate(c, s);
+    CHECK(q.close().live_allocations == 0);
+  }
+
+  TEST_CASE("set_current_pool refuses a closed pool") {
+    pool p;
+    (void)p.close();
+    CHECK_THROWS_WITH_AS(set_current_pool(0, p), doctest::Contains("the pool is closed"), std::invalid_argument);
+    CHECK(current_pool(0) == default_pool(0));
+  }
+
   TEST_CASE("a closed pool refuses every use with pool_closed, naming the member") {
     pool p;
     stream s(0);
@@ -450,7 +520,7 @@ TEST_SUITE("pool") {
     r.deallocate(inside, 1000, 4096);
     CHECK(bad.count() == 1);
     CHECK(bad.latest().pointer == inside);
-    CHECK(bad.latest().owner == &p);
+    CHECK(bad.latest().owner == pool_ref(p));
     CHECK(bad.latest().operation == "streamalloc::pool_resource::deallocate");
     CHECK(bad.latest().reason.find("with alignment 4096 is not a pointer allocate returned") != std::string::npos);
     r.deallocate_async(inside, 1000, 4096, s);
@@ -496,7 +566,7 @@ TEST_SUITE("pool") {
     CHECK(bad.count() == 2);
     base.deallocate(x, 1000, 512);  // a double free
     CHECK(bad.count() == 3);
-    CHECK(bad.latest().owner == &host_pool);
+    CHECK(bad.latest().owner == pool_ref(host_pool));
     {
       std::pmr::vector<int> v(&mr);
       v.reserve(1000);  // no elements: the fake driver's addresses hold no memory
@@ -644,7 +714,7 @@ TEST_SUITE("pool") {
       const auto found = find_pool(static_cast<char*>(bufs[i]) + 3 * MiB);
       REQUIRE(found.has_value());
       CHECK(found->owns(bufs[i]));
-      CHECK(&found->get() == pools[i].get());
+      CHECK(*found == pool_ref(*pools[i]));
     }
     for (std::size_t i = 0; i < pools.size(); ++i) pools[i]->deallocate(bufs[i], s);
   }
@@ -722,7 +792,7 @@ TEST_SUITE("pool_two_devices") {
     CHECK(p0.statistics().live_allocations == 0);
     // Growing or shrinking in place on another device's stream is refused the same way.
     void* y = p0.allocate(4096, s0);
-    CHECK_THROWS_WITH_AS(p0.grow_in_place(y, 8192, s1), doctest::Contains("grow_in_place: the stream belongs to device 1"),
+    CHECK_THROWS_WITH_AS((void)p0.grow_in_place(y, 8192, s1), doctest::Contains("grow_in_place: the stream belongs to device 1"),
                          std::invalid_argument);
     CHECK_THROWS_WITH_AS(p0.shrink_in_place(y, 1024, s1),
                          doctest::Contains("shrink_in_place: the stream belongs to device 1"), std::invalid_argument);

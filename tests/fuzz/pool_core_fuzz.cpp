@@ -55,6 +55,8 @@
 namespace {
 
 using namespace streamalloc::detail;
+using streamalloc::pool_statistics;
+using streamalloc::reuse_policy;
 using streamalloc_test::sim_backend;
 using streamalloc_test::sim_device;
 
@@ -160,7 +162,7 @@ struct user_event {
   point at;             // what the model holds for it
 };
 
-bool same(const core_statistics& a, const core_statistics& b) {
+bool same(const pool_statistics& a, const pool_statistics& b) {
   return a.reserved_current == b.reserved_current && a.reserved_high == b.reserved_high &&
          a.used_current == b.used_current && a.used_high == b.used_high &&
          a.live_allocations == b.live_allocations && a.free_clear == b.free_clear &&
@@ -599,7 +601,7 @@ class harness {
   }
 
   void check_state() {
-    const core_statistics st = pool_->statistics();
+    const pool_statistics st = pool_->statistics();
     std::uint64_t bytes = 0;
     for (const auto& [a, l] : live_) {
       bytes += l.size;
@@ -728,7 +730,7 @@ class harness {
           TRACE("set_release_threshold(%llu)", ull(v));
           pool_->set_release_threshold(v);
         } else {
-          const reuse_options r{bool(b & 8), bool(b & 16), bool(b & 32)};
+          const reuse_policy r{bool(b & 8), bool(b & 16), bool(b & 32)};
           TRACE("set_reuse(%d%d%d)", r.follow_event_dependencies, r.opportunistic, r.internal_dependencies);
           pool_->set_reuse(r);
         }
@@ -874,7 +876,7 @@ class harness {
     const std::uint64_t bytes = in_.bytes(3);
     const char* names[] = {"deallocate", "grow_in_place", "shrink_in_place"};
     TRACE("%s(%#llx) on stream %zu: not a live block", names[call % 3], ull(p), s);
-    const core_statistics before = pool_->statistics();
+    const pool_statistics before = pool_->statistics();
     current_ = key_of(s);
     try {
       switch (call % 3) {
@@ -1001,7 +1003,7 @@ class harness {
     } else {
       TRACE("reset_high_water()");
       pool_->reset_high_water();
-      const core_statistics st = pool_->statistics();
+      const pool_statistics st = pool_->statistics();
       if (st.used_high != st.used_current || st.reserved_high != st.reserved_current)
         fail("after reset_high_water, high-water marks %llu / %llu, current %llu / %llu", ull(st.used_high),
              ull(st.reserved_high), ull(st.used_current), ull(st.reserved_current));

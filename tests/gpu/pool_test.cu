@@ -120,7 +120,7 @@ TEST_CASE("addresses are reserved as needed: a run goes on past its reservation;
   void* big = p.allocate(big_bytes, s);
   const auto found = find_pool(static_cast<char*>(big) + big_bytes - 1);
   REQUIRE(found.has_value());
-  CHECK(&found->get() == &p);
+  CHECK(*found == pool_ref(p));
   CHECK(p.owns(static_cast<char*>(top) + 1024 * MiB - 1));
   counter bad;
   fill_async(top, 1024 * MiB, 31, s.get());

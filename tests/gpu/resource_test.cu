@@ -198,7 +198,7 @@ TEST_CASE_TEMPLATE("conformance: foreign pointers and double frees go to the bad
   h.deallocate(&on_stack, sizeof on_stack, 256);
   CHECK(bad.count() == 1);
   CHECK(bad.latest().pointer == &on_stack);
-  CHECK(bad.latest().owner == &h.p);
+  CHECK(bad.latest().owner == pool_ref(h.p));
   CHECK(h.p.statistics().live_allocations == 1);
   h.deallocate(q, 1024, 256);
   CHECK(bad.count() == 1);

@@ -5,6 +5,7 @@
 
 #include <streamalloc/pool.hpp>
 
+#include <optional>
 #include <string>
 
 namespace streamalloc_test {
@@ -22,7 +23,7 @@ class bad_free_recorder {
 
   struct report {
     const void* pointer = nullptr;
-    const streamalloc::pool* owner = nullptr;
+    std::optional<streamalloc::pool_ref> owner;
     std::string operation, reason;
   };
   /// Bad frees reported since this recorder was made.

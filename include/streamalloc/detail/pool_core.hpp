@@ -44,6 +44,8 @@
 #include <streamalloc/detail/live_table.hpp>
 #include <streamalloc/detail/ordering.hpp>
 #include <streamalloc/placement.hpp>
+#include <streamalloc/pool_statistics.hpp>
+#include <streamalloc/reuse_policy.hpp>
 
 #include <cuda.h>
 
@@ -73,13 +75,6 @@ struct stream_key {
   void* native = nullptr;  ///< cudaStream_t
 };
 
-/// What the pool may reuse across streams; each can be switched off per pool.
-struct reuse_options {
-  bool follow_event_dependencies = true;
-  bool opportunistic = true;
-  bool internal_dependencies = true;
-};
-
 struct core_options {
   std::uint64_t max_size = 0;           ///< 0: no limit but the device's memory
   std::uint64_t release_threshold = 0;  ///< free bytes kept at synchronization points
@@ -88,19 +83,7 @@ struct core_options {
   std::uint64_t address_space = 0;      ///< the most virtual addresses reserved, as needed
   /// Told of each reservation the pool makes (base, size), under its lock.
   std::function<void(std::uint64_t, std::uint64_t)> on_reserve;
-  reuse_options reuse;
-};
-
-struct core_statistics {
-  std::uint64_t reserved_current = 0, reserved_high = 0;
-  std::uint64_t used_current = 0, used_high = 0;
-  std::uint64_t live_allocations = 0;
-  std::uint64_t free_clear = 0;        ///< free bytes every stream may reuse
-  std::uint64_t free_pending = 0;      ///< free bytes awaiting proof of ordering
-  std::uint64_t largest_free_block = 0;
-  std::uint64_t chunks = 0;
-  std::uint64_t remapped_chunks = 0;   ///< chunks moved to defragment, since creation
-  std::uint64_t grows = 0;
+  reuse_policy reuse;
 };
 
 /// Thrown by the core when memory cannot be found; pool.hpp turns it into out_of_memory.
@@ -185,7 +168,7 @@ class pool_core final : public completion_listener {
     std::lock_guard lock(mutex_);
     options_.release_threshold = t;
   }
-  void set_reuse(reuse_options r) {
+  void set_reuse(reuse_policy r) {
     std::lock_guard lock(mutex_);
     options_.reuse = r;
   }
@@ -287,9 +270,9 @@ class pool_core final : public completion_listener {
 
   // --- queries -----------------------------------------------------------------------------
 
-  core_statistics statistics() {
+  pool_statistics statistics() {
     std::lock_guard lock(mutex_);
-    core_statistics s;
+    pool_statistics s;
     s.reserved_current = reserved_;
     s.reserved_high = reserved_high_;
     std::int64_t used = folded_bytes_.load(std::memory_order_relaxed);

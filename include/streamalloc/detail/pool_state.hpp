@@ -1,0 +1,447 @@
+#pragma once
+
+// The state behind a `pool` (see <streamalloc/pool.hpp>): the pool core over the VMM backend,
+// the checks of a pool's properties, and the process-wide directory of pools by address.
+
+#include <streamalloc/access.hpp>
+#include <streamalloc/detail/context.hpp>
+#include <streamalloc/detail/pool_core.hpp>
+#include <streamalloc/detail/vmm_backend.hpp>
+#include <streamalloc/driver.hpp>
+#include <streamalloc/memory_location.hpp>
+#include <streamalloc/ordering.hpp>
+#include <streamalloc/physical_allocation.hpp>
+#include <streamalloc/placement.hpp>
+#include <streamalloc/pool_properties.hpp>
+#include <streamalloc/shareable_handle.hpp>
+#include <streamalloc/stream.hpp>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <shared_mutex>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace streamalloc::detail {
+
+class pool_state;
+
+using vmm_pool_core = pool_core<vmm_backend>;
+
+/// Every live pool's reservations, by address, for finding the pool of a pointer (a lookup in
+/// a process with thousands of pools costs a map search, not a walk over them).
+class pool_directory {
+ public:
+  void add(pool_state* p, std::uint64_t base, std::uint64_t size) {
+    std::unique_lock lock(mutex_);
+    entries_[base] = {base + size, p};
+  }
+  void remove(pool_state* p) {
+    std::unique_lock lock(mutex_);
+    std::erase_if(entries_, [p](const auto& e) { return e.second.owner == p; });
+  }
+  pool_state* find(std::uint64_t addr) {
+    std::shared_lock lock(mutex_);
+    auto it = entries_.upper_bound(addr);
+    if (it == entries_.begin()) return nullptr;
+    --it;
+    return addr < it->second.end ? it->second.owner : nullptr;
+  }
+
+ private:
+  struct entry {
+    std::uint64_t end;
+    pool_state* owner;
+  };
+  std::shared_mutex mutex_;
+  std::map<std::uint64_t, entry> entries_;  // reservation base -> its end, its pool
+};
+
+inline pool_directory& pools() {
+  static pool_directory* d = new pool_directory;  // outlives every pool, default pools included
+  return *d;
+}
+
+inline stream_key key_of(stream_ref s) { return {&s.record(), s.get()}; }
+
+/// A closing pool stops being any device's current pool (defined after `pool`).
+inline void forget_current_pool(pool_state* p) noexcept;
+
+/// The largest `max_size`, `address_space` or `chunk_size` a pool accepts: 2^50 bytes (1 PiB).
+/// No device addresses that much (Hopper's virtual address space is 2^49 bytes), and keeping
+/// sizes far below 2^64 leaves the pool's arithmetic (four times the size, rounding up to the
+/// granularity) free of overflow.
+inline constexpr std::size_t max_pool_bytes = std::size_t{1} << 50;
+
+/// The handle types streamalloc knows; any other bit is refused when a pool is made.
+inline constexpr unsigned known_handle_types =
+    static_cast<unsigned>(shareable_handle_type::posix_fd) | static_cast<unsigned>(shareable_handle_type::fabric);
+
+/// "posix_fd", "posix_fd | fabric", for messages.
+inline std::string handle_type_names(shareable_handle_type t) {
+  std::string s;
+  if (has_handle_type(t, shareable_handle_type::posix_fd)) s = "posix_fd";
+  if (has_handle_type(t, shareable_handle_type::fabric)) s += s.empty() ? "fabric" : " | fabric";
+  return s.empty() ? "none" : s;
+}
+
+/// The pseudo-stream of synchronous allocations: no CUDA stream, and every free on it is
+/// complete when made (the caller promises no work uses the memory any more), so what it
+/// frees is reusable by every stream as soon as the pool looks.
+inline stream_key host_key() {
+  static stream_record& r = [] () -> stream_record& {
+    stream_record& rec = ordering().record(~std::uint64_t{0});
+    rec.mark_completed(~std::uint64_t{0} >> 1);
+    return rec;
+  }();
+  return {&r, nullptr};
+}
+
+/**
+ * @brief The state of a pool: what `pool` owns and `pool_ref` refers to. It lives on the heap,
+ * so that its address, which refs, resources, buffers, the current-pool slots and the pointer
+ * directory hold, stays the same when the owning `pool` is moved. The members are those of
+ * `pool_interface` (documented there), applied to one state; each checks that the pool is not
+ * closed.
+ */
+class pool_state {
+ public:
+  /**
+   * @brief Makes a pool. Everything the properties ask of the device is checked here, not at
+   * the first allocation: the pool creates and releases one granule of physical memory with
+   * them, so a location or handle type the driver refuses fails now.
+   * @throws std::invalid_argument for properties that cannot work (a chunk size off the
+   *         granularity, a maximum below one granule, a size above 2^50 bytes, unknown handle
+   *         type bits...)
+   * @throws not_supported when the location or a handle type is unsupported
+   * @throws driver_unavailable, cuda_error (also when the driver refuses the location or the
+   *         handle types, saying which)
+   */
+  explicit pool_state(pool_properties props) : props_(props) {
+    require_driver();
+    const int device = props.location.is_device() ? props.location.id() : 0;
+    device_ = device;
+    if (props.location.is_device() && props.location.id() >= device_count()) {
+      throw std::invalid_argument("streamalloc::pool: there is no device " + std::to_string(props.location.id()));
+    }
+    check_sizes(props);
+    if ((static_cast<unsigned>(props.handle_types) & ~detail::known_handle_types) != 0) {
+      throw std::invalid_argument("streamalloc::pool: pool_properties::handle_types " +
+                                  std::to_string(static_cast<unsigned>(props.handle_types)) +
+                                  " has bits no shareable_handle_type names (posix_fd, fabric)");
+    }
+    require_location(props.location, device);
+    if (props.handle_types != shareable_handle_type::none && props.location.is_device()) {
+      require_handle_types(device, props.handle_types);
+    }
+    const allocation_options opts{props.handle_types, false};
+    const std::size_t g = allocation_granularity(props.location, granularity_kind::minimum, opts);
+    if (props.chunk_size != 0 && props.chunk_size % g != 0) {
+      throw std::invalid_argument("streamalloc::pool: chunk_size " + std::to_string(props.chunk_size) +
+                                  " is not a multiple of the allocation granularity " + std::to_string(g));
+    }
+    if (props.max_size != 0 && props.max_size < g) {
+      throw std::invalid_argument("streamalloc::pool: max_size " + std::to_string(props.max_size) +
+                                  " is below the allocation granularity " + std::to_string(g));
+    }
+    // Physical memory comes in granules: a limit between two holds the smaller, so that the
+    // pool never holds more than max_size.
+    props_.max_size = props.max_size / g * g;
+    probe(props.location, opts, g);
+    std::size_t space = props.address_space;
+    if (space == 0) {
+      std::size_t physical = props_.max_size;
+      if (physical == 0) {
+        physical = props.location.is_device()
+                       ? device_memory(device).total
+                       : static_cast<std::size_t>(::sysconf(_SC_PHYS_PAGES)) * static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+      }
+      // Room for runs to grow in place (large allocations start in the middle of free
+      // addresses) and for defragmentation to remap into: addresses cost nothing until mapped.
+      // Capped, so that neither a huge memory nor the product overflows.
+      space = physical > detail::max_pool_bytes / 4 ? detail::max_pool_bytes : 4 * physical;
+    }
+    std::vector<access_descriptor> access{{props.location, access_flags::read_write}};
+    if (props.location.is_host()) access.push_back({memory_location::device(device), access_flags::read_write});
+    detail::core_options o;
+    o.max_size = props_.max_size;
+    o.release_threshold = props.release_threshold;
+    o.chunk_size = props.compact && props.chunk_size == 0 ? g : props.chunk_size;
+    o.own_chunk_for_large = !props.compact;
+    o.address_space = space;
+    props_.address_space = space;  // properties() reports the limit in force
+    o.on_reserve = [this](std::uint64_t base, std::uint64_t size) { detail::pools().add(this, base, size); };
+    o.reuse = props.reuse;
+    detail::ensure_context(device);
+    try {
+      core_ = std::make_unique<detail::vmm_pool_core>(detail::vmm_backend(props.location, opts, std::move(access)), o);
+    } catch (...) {
+      detail::pools().remove(this);
+      throw;
+    }
+  }
+
+  // Refs, resources, buffers and the pointer directory hold its address.
+  pool_state(const pool_state&) = delete;
+  pool_state& operator=(const pool_state&) = delete;
+
+  /// Destroys the pool. Live allocations are reported on stderr (use `close()` to get the
+  /// report instead) and their memory is released after the device has finished its work.
+  ~pool_state() {
+    if (!core_) return;
+    const pool_close_report r = close();
+    if (r.live_allocations != 0) {
+      std::fprintf(stderr,
+                   "streamalloc: a pool on %s was destroyed with %zu live allocation(s), %zu bytes; "
+                   "their memory has been released\n",
+                   props_.location.to_string().c_str(), r.live_allocations, r.live_bytes);
+    }
+  }
+
+  /**
+   * @brief Releases everything now and reports what was never freed. Work ordered before the
+   * pool's frees is waited for: when a free may still be running on the device, or allocations
+   * are still live, the host first synchronizes with the device whose streams use the memory,
+   * so nothing is unmapped under running work. The pool cannot be used afterwards (every
+   * member but `closed`, `owns`, `properties`, `location`, `device` and `close` throws
+   * `pool_closed`); if it is some device's current pool, that device's default pool becomes
+   * current again.
+   */
+  pool_close_report close() noexcept {
+    if (!core_) return {};
+    detail::pools().remove(this);
+    detail::forget_current_pool(this);
+    const auto live = core_->statistics().live_allocations;
+    if (live != 0 || core_->frees_in_flight()) {
+      try {
+        synchronize_device(device_);
+      } catch (...) {  // a lost context: no work of it runs any more
+      }
+    }
+    const auto [count, bytes] = core_->shutdown();
+    core_.reset();
+    return {static_cast<std::size_t>(count), static_cast<std::size_t>(bytes)};
+  }
+
+  /// True once `close()` has run: the pool then holds nothing and refuses every use.
+  [[nodiscard]] bool closed() const noexcept { return core_ == nullptr; }
+
+  // The operations of `pool_interface`, which documents them, on this state.
+  [[nodiscard]] void* allocate(std::size_t bytes, stream_ref s, placement where = placement::packed) {
+    if (!core_) [[unlikely]] throw_closed("allocate");
+    if (bytes == 0) return nullptr;
+    const detail::stream_key key = detail::key_of(s);
+    if (key.record->device() != device_) [[unlikely]] throw_wrong_device("allocate", key.record->device());
+    return allocate_keyed(bytes, key, where);
+  }
+
+  void deallocate(void* p, stream_ref s) {
+    if (!core_) [[unlikely]] throw_closed("deallocate");
+    if (p == nullptr) return;
+    const detail::stream_key key = detail::key_of(s);
+    if (key.record->device() != device_) [[unlikely]] throw_wrong_device("deallocate", key.record->device());
+    core_->deallocate(reinterpret_cast<std::uint64_t>(p), key);
+  }
+
+  [[nodiscard]] void* allocate_sync(std::size_t bytes) {
+    if (!core_) [[unlikely]] throw_closed("allocate_sync");
+    return allocate_keyed(bytes, detail::host_key());
+  }
+
+  void deallocate_sync(void* p) {
+    if (!core_) [[unlikely]] throw_closed("deallocate_sync");
+    if (p == nullptr) return;
+    core_->deallocate(reinterpret_cast<std::uint64_t>(p), detail::host_key());
+  }
+
+  std::size_t grow_in_place(void* p, std::size_t bytes, stream_ref s) {
+    if (!core_) [[unlikely]] throw_closed("grow_in_place");
+    if (bytes > (std::size_t{1} << 62)) [[unlikely]] return 0;
+    const detail::stream_key key = detail::key_of(s);
+    if (key.record->device() != device_) [[unlikely]] throw_wrong_device("grow_in_place", key.record->device());
+    return static_cast<std::size_t>(core_->grow_in_place(reinterpret_cast<std::uint64_t>(p), bytes, key));
+  }
+
+  std::size_t shrink_in_place(void* p, std::size_t bytes, stream_ref s) {
+    if (!core_) [[unlikely]] throw_closed("shrink_in_place");
+    const detail::stream_key key = detail::key_of(s);
+    if (key.record->device() != device_) [[unlikely]] throw_wrong_device("shrink_in_place", key.record->device());
+    return static_cast<std::size_t>(core_->shrink_in_place(reinterpret_cast<std::uint64_t>(p), bytes, key));
+  }
+
+  [[nodiscard]] bool owns(const void* p) const noexcept {
+    return core_ && core_->owns(reinterpret_cast<std::uint64_t>(p));
+  }
+
+  [[nodiscard]] pool_statistics statistics() const { return core("statistics").statistics(); }
+  void reset_high_water() { core("reset_high_water").reset_high_water(); }
+
+  void trim_to(std::size_t keep) { core("trim_to").trim_to(keep); }
+
+  host_order synchronize() {
+    if (!core_) [[unlikely]] throw_closed("synchronize");
+    if (props_.location.is_device()) return synchronize_device(props_.location.id());
+    host_order last = synchronize_device(0);
+    for (int d = 1; d < device_count(); ++d) last = synchronize_device(d);
+    return last;
+  }
+
+  void set_release_threshold(std::size_t bytes) {
+    core("set_release_threshold").set_release_threshold(bytes);
+    props_.release_threshold = bytes;
+  }
+  void set_reuse_policy(reuse_policy r) {
+    core("set_reuse_policy").set_reuse(r);
+    props_.reuse = r;
+  }
+
+  [[nodiscard]] const pool_properties& properties() const noexcept { return props_; }
+  [[nodiscard]] memory_location location() const noexcept { return props_.location; }
+  [[nodiscard]] int device() const noexcept { return device_; }
+  [[nodiscard]] std::size_t granularity() const { return core("granularity").granularity(); }
+
+  [[nodiscard]] std::optional<std::pair<void*, std::size_t>> find_allocation(const void* p) {
+    auto r = core("find_allocation").find_live(reinterpret_cast<std::uint64_t>(p));
+    if (!r) return std::nullopt;
+    return std::pair{reinterpret_cast<void*>(r->first), static_cast<std::size_t>(r->second)};
+  }
+
+ private:
+  template <class>
+  friend class pool_interface;
+
+  /// The core, for a member that is not on an allocation's path; throws once closed.
+  detail::vmm_pool_core& core(const char* member) const {
+    if (!core_) [[unlikely]] throw_closed(member);
+    return *core_;
+  }
+
+  [[noreturn]] STREAMALLOC_COLD static void throw_closed(const char* member) {
+    throw pool_closed(std::string("streamalloc::pool::") + member +
+                      ": the pool is closed (close() released its memory and addresses)");
+  }
+  [[noreturn]] STREAMALLOC_COLD static void throw_moved_from(const char* member) {
+    throw pool_closed(std::string("streamalloc::pool::") + member +
+                      ": the pool was moved from (its memory belongs to the pool it was moved into)");
+  }
+
+  [[noreturn]] STREAMALLOC_COLD void throw_wrong_device(const char* member, int stream_device) const {
+    const std::string advice = std::string(member) == "allocate"
+                                   ? "allocate from that device's pool (streamalloc::current_pool(" +
+                                         std::to_string(stream_device) + "))"
+                                   : "use a stream of device " + std::to_string(device_);
+    throw std::invalid_argument(std::string("streamalloc::pool::") + member + ": the stream belongs to device " +
+                                std::to_string(stream_device) + ", but this pool's memory (" +
+                                props_.location.to_string() + ") is for device " + std::to_string(device_) + "; " +
+                                advice);
+  }
+
+  /// Refuses sizes no device could serve, before anything is computed from them.
+  static void check_sizes(const pool_properties& props) {
+    const auto refuse = [](const char* name, std::size_t v) {
+      throw std::invalid_argument(std::string("streamalloc::pool: pool_properties::") + name + " " + std::to_string(v) +
+                                  " is above 2^50 bytes (1 PiB): no device address space is that large");
+    };
+    if (props.max_size > detail::max_pool_bytes) refuse("max_size", props.max_size);
+    if (props.address_space > detail::max_pool_bytes) refuse("address_space", props.address_space);
+    if (props.chunk_size > detail::max_pool_bytes) refuse("chunk_size", props.chunk_size);
+  }
+
+  /**
+   * Creates and releases one granule with the pool's properties, so that a property the
+   * driver refuses (a host NUMA node that does not exist, a handle type the device cannot
+   * create, such as fabric without its service) fails when the pool is made, not at its first
+   * allocation. A lack of memory is no fault of the properties: the pool may still be used
+   * once memory is freed.
+   */
+  static void probe(memory_location where, const allocation_options& opts, std::size_t g) {
+    try {
+      const physical_allocation granule(g, where, opts);
+    } catch (const driver_unavailable&) {
+      throw;
+    } catch (const cuda_error& e) {
+      if (e.code() == CUDA_ERROR_OUT_OF_MEMORY) return;
+      refuse_properties(e, where, opts, g);
+    }
+  }
+
+  [[noreturn]] STREAMALLOC_COLD static void refuse_properties(const cuda_error& e, memory_location where,
+                                                               const allocation_options& opts, std::size_t g) {
+    // The driver's code rarely says which property it refused: when the same location
+    // without handle types works, the handle types are at fault.
+    bool handle_types_refused = false;
+    if (opts.handle_types != shareable_handle_type::none) {
+      try {
+        physical_allocation plain(g, where, {});
+        handle_types_refused = true;
+      } catch (const cuda_error&) {
+      }
+    }
+    const std::string property =
+        handle_types_refused ? "pool_properties::handle_types (" + detail::handle_type_names(opts.handle_types) +
+                                   ") on " + where.to_string()
+                             : "pool_properties::location (" + where.to_string() + ")";
+    const std::string what = "streamalloc::pool: the driver refused " + property + ": creating one granule (" +
+                             std::to_string(g) + " bytes) with it failed when the pool was made";
+    if (dynamic_cast<const not_supported*>(&e) != nullptr) throw not_supported(what + " (" + e.what() + ")");
+    throw cuda_error(e.code(), e.call(), what);
+  }
+
+  /// The part of an out-of-memory message that blames the addresses, when they are short:
+  /// when the least the pool could have grown by for `bytes` does not fit in the addresses it
+  /// may still use (every mapped byte takes one address, so at most `address_space - reserved`
+  /// are left), or when the driver refused to reserve more (the process's addresses ran out),
+  /// growing was impossible whatever memory the device has. Addresses too fragmented for the
+  /// growth are not detected: the message then says nothing rather than blame them wrongly.
+  std::string address_shortage(std::size_t bytes) const {
+    const auto& o = core_->options();
+    const std::uint64_t g = core_->granularity();
+    const std::uint64_t space = core_->address_space();
+    const std::uint64_t mapped = core_->statistics().reserved_current;
+    const std::uint64_t taken = core_->addresses_reserved();
+    // A request of a chunk or more (outside compact pools) grows by its own size, rounded to
+    // the granularity; any other by whole chunks, at least one (fewer bytes when extending a
+    // free tail, but never less than a chunk), except under max_size, where a single granule
+    // may do.
+    std::uint64_t least = o.max_size == 0 ? o.chunk_size : g;
+    if (o.own_chunk_for_large && bytes >= o.chunk_size) least = (bytes + g - 1) / g * g;
+    if (const std::uint64_t refused = core_->refused_reservation(); refused != 0) {
+      return " (the process's virtual addresses ran out: the driver refused to reserve " + std::to_string(refused) +
+             " more bytes of addresses for the pool, which holds " + std::to_string(taken) + " bytes of addresses, " +
+             std::to_string(mapped) + " of them mapped)";
+    }
+    if (mapped <= space && least <= space - mapped) return {};
+    return " (the pool's addresses are used up: it may reserve " + std::to_string(space) + " bytes of addresses, " +
+           std::to_string(mapped) + " of them mapped, and growing for this request needs " + std::to_string(least) +
+           " more: raise pool_properties::address_space)";
+  }
+
+  void* allocate_keyed(std::size_t bytes, detail::stream_key key, placement where = placement::packed) {
+    if (bytes == 0) return nullptr;
+    if (bytes > (std::size_t{1} << 62)) [[unlikely]] {
+      throw out_of_memory(bytes, "streamalloc: " + std::to_string(bytes) + " bytes is more than any pool can hold");
+    }
+    try {
+      return reinterpret_cast<void*>(core_->allocate(bytes, key, where));
+    } catch (const detail::core_out_of_memory& e) {
+      throw out_of_memory(bytes, "streamalloc: cannot allocate " + std::to_string(bytes) + " bytes from a pool on " +
+                                     props_.location.to_string() + ": " + e.reason + address_shortage(bytes));
+    }
+  }
+
+  pool_properties props_;
+  int device_ = 0;  ///< the device whose streams may allocate here
+  std::unique_ptr<detail::vmm_pool_core> core_;
+};
+
+}  // namespace streamalloc::detail
