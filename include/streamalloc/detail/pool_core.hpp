@@ -13,20 +13,8 @@
 //   the clear bins          blocks every stream may reuse
 // Structural changes (split, merge, growth, remapping, release) happen under the pool lock.
 //
-// Backend requirements (see tests/cpu/pool_core_test.cpp for a simulated one):
-//   using handle = ...;           physical memory
-//   using event = ...;            a device event
-//   std::uint64_t granularity();
-//   std::uint64_t reserve(std::uint64_t bytes);            base address of new virtual addresses
-//   std::uint64_t try_reserve(std::uint64_t bytes, std::uint64_t at);   the same, or 0 when the
-//                                     address space is exhausted (or, with `at`, taken there)
-//   CUresult create(std::uint64_t bytes, handle& out);     CUDA_ERROR_OUT_OF_MEMORY when no memory
-//   void map(std::uint64_t va, std::uint64_t bytes, handle&);   map and grant access
-//   void unmap(std::uint64_t va, std::uint64_t bytes);
-//   void release(handle&);
-//   event record(const stream_key&);   bool done(event&);   void wait(const stream_key&, event&);
-//   bool idle(const stream_key&);      has the stream executed all its work?
-//   void synchronize(event&);          void destroy(event&);
+// The backend: physical memory, addresses and events (the `pool_backend` concept in
+// pool_backend.hpp, with what each member must do).
 //
 // Stream handles: a state keeps the handle it was first seen with, but uses it on its own
 // (to record an event, or to ask whether the stream is idle) only when the stream's record says
@@ -43,6 +31,7 @@
 #include <streamalloc/detail/free_bins.hpp>
 #include <streamalloc/detail/live_table.hpp>
 #include <streamalloc/detail/ordering.hpp>
+#include <streamalloc/detail/pool_backend.hpp>
 #include <streamalloc/placement.hpp>
 #include <streamalloc/pool_statistics.hpp>
 #include <streamalloc/reuse_policy.hpp>
@@ -69,12 +58,6 @@
 
 namespace streamalloc::detail {
 
-/// A stream as the pool sees it: its ordering record and its CUDA handle.
-struct stream_key {
-  stream_record* record = nullptr;
-  void* native = nullptr;  ///< cudaStream_t
-};
-
 struct core_options {
   std::uint64_t max_size = 0;           ///< 0: no limit but the device's memory
   std::uint64_t release_threshold = 0;  ///< free bytes kept at synchronization points
@@ -92,7 +75,7 @@ struct core_out_of_memory {
   std::string reason;
 };
 
-template <class Backend>
+template <pool_backend Backend>
 class pool_core final : public completion_listener {
  public:
   using handle = typename Backend::handle;

@@ -36,6 +36,7 @@ namespace streamalloc::detail {
 
 class pool_state;
 
+static_assert(pool_backend<vmm_backend>);
 using vmm_pool_core = pool_core<vmm_backend>;
 
 /// Every live pool's reservations, by address, for finding the pool of a pointer (a lookup in

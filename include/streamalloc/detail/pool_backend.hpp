@@ -1,0 +1,58 @@
+#pragma once
+
+// What the pool core needs from below: physical memory, virtual addresses and device events.
+// The core is free of CUDA; two backends model this concept, the VMM one (vmm_backend.hpp, on
+// the driver) and the simulated device of the CPU tests (tests/support/sim_backend.hpp), and
+// both are checked against it at compile time.
+
+#include <streamalloc/detail/ordering.hpp>
+
+#include <cuda.h>
+
+#include <concepts>
+#include <cstdint>
+
+namespace streamalloc::detail {
+
+/// A stream as the pool sees it: its ordering record and its CUDA handle.
+struct stream_key {
+  stream_record* record = nullptr;
+  void* native = nullptr;  ///< cudaStream_t
+};
+
+/**
+ * A backend of the pool core:
+ * - `handle`: a piece of physical memory; `event`: a device event.
+ * - `granularity()`: the size every reservation, creation and mapping is a multiple of.
+ * - `reserve(bytes)`: the base of `bytes` of new virtual addresses (throws when there are none);
+ *   `try_reserve(bytes, at)`: the same, or 0 when the address space is exhausted (with `at`
+ *   non-zero: 0 unless the addresses could be placed exactly there).
+ * - `create(bytes, out)`: physical memory; returns CUDA_ERROR_OUT_OF_MEMORY when there is none
+ *   (the core then tries to free some and asks again), any other failure throws.
+ * - `map(va, bytes, h)`: maps `h` at `va` and grants the pool's accesses; may throw.
+ * - `record(stream)`, `wait(stream, e)`: an event recorded on a stream, a stream made to wait
+ *   on one; `done(e)`: has the device passed it; `idle(stream)`: has the stream run all its work.
+ * - `unmap`, `release`, `synchronize` (the host waits for an event) and `destroy` (of an event)
+ *   are what the core calls while giving memory back, from destructors and after failures: they
+ *   may not throw.
+ */
+template <class B>
+concept pool_backend = requires(B& b, std::uint64_t n, typename B::handle& h, typename B::event& e, const stream_key& k) {
+  typename B::handle;
+  typename B::event;
+  { b.granularity() } -> std::same_as<std::uint64_t>;
+  { b.reserve(n) } -> std::same_as<std::uint64_t>;
+  { b.try_reserve(n, n) } -> std::same_as<std::uint64_t>;
+  { b.create(n, h) } -> std::same_as<CUresult>;
+  b.map(n, n, h);
+  { b.unmap(n, n) } noexcept;
+  { b.release(h) } noexcept;
+  { b.record(k) } -> std::same_as<typename B::event>;
+  { b.done(e) } -> std::convertible_to<bool>;
+  { b.idle(k) } -> std::convertible_to<bool>;
+  b.wait(k, e);
+  { b.synchronize(e) } noexcept;
+  { b.destroy(e) } noexcept;
+};
+
+}  // namespace streamalloc::detail
