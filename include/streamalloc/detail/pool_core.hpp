@@ -28,6 +28,7 @@
 #include <streamalloc/detail/address_index.hpp>
 #include <streamalloc/detail/address_ranges.hpp>
 #include <streamalloc/detail/block.hpp>
+#include <streamalloc/detail/block_chain.hpp>
 #include <streamalloc/detail/free_bins.hpp>
 #include <streamalloc/detail/live_table.hpp>
 #include <streamalloc/detail/ordering.hpp>
@@ -306,7 +307,7 @@ class pool_core final : public completion_listener {
   std::optional<std::pair<std::uint64_t, std::uint64_t>> find_live(std::uint64_t p) {
     if (block* b = live_.find(p)) return std::pair{b->addr, b->size};
     std::lock_guard lock(mutex_);
-    block* b = by_addr_.at_or_before(p);
+    block* b = chain_.at_or_before(p);
     if (b == nullptr) return std::nullopt;
     if (p < b->addr + b->size && state_of(b) == block_state::live) return std::pair{b->addr, b->size};
     return std::nullopt;
@@ -637,18 +638,8 @@ class pool_core final : public completion_listener {
     }
   }
 
-  /// Cuts `b` after its first `n` bytes; returns the rest as a block of its own, linked into
-  /// the address chain and `by_addr_`, in no bins.
-  block* split(block* b, std::uint64_t n) {
-    block* rest = arena_.make(b->addr + n, b->size - n);
-    rest->prev_addr = b;
-    rest->next_addr = b->next_addr;
-    if (b->next_addr != nullptr) b->next_addr->prev_addr = rest;
-    b->next_addr = rest;
-    b->size = n;
-    by_addr_.insert(rest->addr, rest);
-    return rest;
-  }
+  /// Cuts `b` after its first `n` bytes; returns the rest as a block of its own, in no bins.
+  block* split(block* b, std::uint64_t n) { return chain_.split(b, n); }
 
   /// The live block starting at `p`; throws std::invalid_argument saying what `p` is instead.
   block* live_block(std::uint64_t p, const char* what) {
@@ -718,12 +709,7 @@ class pool_core final : public completion_listener {
   }
 
   /// Removes `x` from the address chain (it has been absorbed by its predecessor).
-  void unlink(block* x) {
-    if (x->prev_addr != nullptr) x->prev_addr->next_addr = x->next_addr;
-    if (x->next_addr != nullptr) x->next_addr->prev_addr = x->prev_addr;
-    by_addr_.erase(x->addr);
-    arena_.recycle(x);
-  }
+  void unlink(block* x) { chain_.unlink(x); }
 
   /// The handle through which the pool may reach `st`'s stream now: its own when the stream's
   /// record says it stays valid, else the caller's when the caller is that stream (given in this
@@ -812,8 +798,8 @@ class pool_core final : public completion_listener {
   /// there extends it instead of starting a new run. Null if none.
   block* extendable_tail(stream_state& st, std::uint64_t n, std::uint64_t unit) {
     block* best = nullptr;
-    for (auto& [start, end] : runs_) {
-      block* last = by_addr_.before(end);
+    for (auto& [start, end] : chain_.runs()) {
+      block* last = chain_.before(end);
       if (last == nullptr) continue;
       const block_state ls = state_of(last);
       if (ls != block_state::clear && ls != block_state::pending) continue;
@@ -830,30 +816,7 @@ class pool_core final : public completion_listener {
     backend_.map(va, c.size, c.h);
     const std::uint64_t size = c.size;
     chunks_.emplace(va, std::move(c));
-    block* b = arena_.make(va, size);
-    by_addr_.insert(va, b);
-    // Join the run ending at va, if any; and the run starting at va + size, if any.
-    auto run_before = runs_.end();
-    for (auto it = runs_.begin(); it != runs_.end(); ++it) {
-      if (it->second == va) run_before = it;
-    }
-    auto run_after = runs_.find(va + size);
-    std::uint64_t run_start = va, run_end = va + size;
-    if (run_before != runs_.end()) {
-      run_start = run_before->first;
-      block* prev = by_addr_.before(va);
-      prev->next_addr = b;
-      b->prev_addr = prev;
-      runs_.erase(run_before);
-    }
-    if (run_after != runs_.end()) {
-      run_end = run_after->second;
-      block* next = by_addr_.find(va + size);
-      next->prev_addr = b;
-      b->next_addr = next;
-      runs_.erase(run_after);
-    }
-    runs_[run_start] = run_end;
+    block* b = chain_.place(va, size);
     if (bins == &clear_) {
       set_state(b, block_state::clear);
     } else {
@@ -1035,10 +998,7 @@ class pool_core final : public completion_listener {
         b->size += x->size;
         unlink(x);
       } else {
-        by_addr_.erase(x->addr);
-        x->addr += want;
-        x->size -= want;
-        by_addr_.insert(x->addr, x);
+        chain_.give_front(x, want);
         bins->insert(x);
         b->size += want;
       }
@@ -1056,7 +1016,7 @@ class pool_core final : public completion_listener {
   std::vector<free_chunk> free_chunks() {
     std::vector<free_chunk> out;
     for (auto& [va, c] : chunks_) {
-      block* b = by_addr_.at_or_before(va);
+      block* b = chain_.at_or_before(va);
       if (state_of(b) == block_state::clear && b->addr <= va && b->addr + b->size >= va + c.size) {
         out.push_back({va, c.size, b->size});
       }
@@ -1066,44 +1026,14 @@ class pool_core final : public completion_listener {
 
   /// Cuts [va, va + size) out of the clear block holding it and out of the address chain.
   void cut_out(std::uint64_t va, std::uint64_t size) {
-    block* b = by_addr_.at_or_before(va);
+    block* b = chain_.at_or_before(va);
     clear_.remove(b);
-    block* before = nullptr;
-    block* after = nullptr;
-    if (b->addr < va) {
-      before = arena_.make(b->addr, va - b->addr);
+    const auto [before, after] = chain_.cut(b, va, size);
+    for (block* piece : {before, after}) {
+      if (piece == nullptr) continue;
+      set_state(piece, block_state::clear);
+      clear_.insert(piece);
     }
-    if (b->addr + b->size > va + size) {
-      after = arena_.make(va + size, b->addr + b->size - va - size);
-    }
-    block* prev = b->prev_addr;
-    block* next = b->next_addr;
-    by_addr_.erase(b->addr);
-    arena_.recycle(b);
-    if (before != nullptr) {
-      before->prev_addr = prev;
-      if (prev != nullptr) prev->next_addr = before;
-      by_addr_.insert(before->addr, before);
-      set_state(before, block_state::clear);
-      clear_.insert(before);
-    } else if (prev != nullptr) {
-      prev->next_addr = nullptr;
-    }
-    if (after != nullptr) {
-      after->next_addr = next;
-      if (next != nullptr) next->prev_addr = after;
-      by_addr_.insert(after->addr, after);
-      set_state(after, block_state::clear);
-      clear_.insert(after);
-    } else if (next != nullptr) {
-      next->prev_addr = nullptr;
-    }
-    // Split the run containing the cut.
-    auto run = std::prev(runs_.upper_bound(va));
-    const std::uint64_t run_start = run->first, run_end = run->second;
-    runs_.erase(run);
-    if (run_start < va) runs_[run_start] = va;
-    if (va + size < run_end) runs_[va + size] = run_end;
   }
 
   /// Defragments: when the clear memory in whole free chunks would hold `n` bytes, remaps those
@@ -1240,7 +1170,7 @@ class pool_core final : public completion_listener {
     std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(p));
     if (!owns(p)) return who + buf + " was not allocated from this pool";
     std::lock_guard lock(mutex_);
-    if (block* b = by_addr_.at_or_before(p)) {
+    if (block* b = chain_.at_or_before(p)) {
       if (p < b->addr + b->size) {
         if (state_of(b) == block_state::live) {
           return who + buf +
@@ -1265,10 +1195,8 @@ class pool_core final : public completion_listener {
 
   std::mutex mutex_;  // the pool lock
   free_bins clear_;
-  block_arena arena_;
-  address_index<block> by_addr_;                       // every block, live or free
+  block_chain chain_;                                  // every block, live or free, by address
   std::map<std::uint64_t, chunk> chunks_;             // mapped physical memory by address
-  std::map<std::uint64_t, std::uint64_t> runs_;       // contiguous mapped runs: start -> end
   address_ranges va_free_;                             // unmapped addresses of the reservations
   std::unordered_map<std::uint64_t, stream_state*> states_;  // the streams in use, by id
   std::vector<std::unique_ptr<stream_state>> state_store_;    // every state made, owned
