@@ -165,7 +165,8 @@ struct device_memory_info {
   std::size_t total = 0;
 };
 
-/// @throws driver_unavailable, cuda_error
+/// @throws driver_unavailable; std::invalid_argument for an ordinal outside 0..63 (before any
+/// driver call); cuda_error for another device that does not exist
 [[nodiscard]] inline device_memory_info device_memory(int device) {
   require_driver();
   // cuMemGetInfo answers for the current context's device; switch for the call if needed.

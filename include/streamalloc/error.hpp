@@ -60,13 +60,15 @@ inline std::string result_description(CUresult code) {
  * @brief A CUDA driver call failed.
  *
  * Carries the `CUresult`, its name and description as the driver gives them, the call that
- * failed and, where streamalloc knows it, what it was trying to do.
+ * failed and, where streamalloc knows it, what it was trying to do. An argument streamalloc can
+ * judge before asking the driver is refused with `std::invalid_argument` instead, never with a
+ * `cuda_error` naming a call that was not made.
  *
  * @code
  * try {
- *   streamalloc::mapping m(reservation, 0, size, allocation);
+ *   streamalloc::physical_allocation mem(size, streamalloc::memory_location::device(0));
  * } catch (const streamalloc::cuda_error& e) {
- *   if (e.code() == CUDA_ERROR_INVALID_VALUE) { ... }
+ *   if (e.code() == CUDA_ERROR_OUT_OF_MEMORY) { ... }
  *   std::cerr << e.what() << '\n';  // names the call, the error and the context
  * }
  * @endcode

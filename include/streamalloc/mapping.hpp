@@ -66,9 +66,9 @@ class mapping {
    * The range must lie inside the reservation. streamalloc checks this itself: the driver
    * (seen with 580.159) accepts a range that runs past the end of a reservation into addresses
    * it does not own, which would map memory over a neighbour's range.
-   * @throws cuda_error with CUDA_ERROR_INVALID_VALUE, before any driver call, when the range
-   *         leaves the reservation; otherwise as the driver refuses (see above)
-   * @throws std::invalid_argument when `memory` is empty (moved from)
+   * @throws std::invalid_argument, before any driver call, when the range leaves the
+   *         reservation or `memory` is empty (moved from)
+   * @throws cuda_error as the driver refuses (see above)
    */
   mapping(const address_reservation& reservation, std::size_t offset,
           const physical_allocation& memory) {
@@ -80,8 +80,8 @@ class mapping {
              " bytes";
     };
     if (offset > reservation.size() || !reservation.contains(at, memory.size())) [[unlikely]] {
-      throw cuda_error(CUDA_ERROR_INVALID_VALUE, "cuMemMap",
-                       describe() + " (the range leaves the reservation; nothing was mapped)");
+      throw std::invalid_argument("streamalloc::mapping: " + describe() +
+                                  ": the range leaves the reservation; nothing was mapped");
     }
     detail::ensure_context(detail::context_device(memory.location()));
     detail::check(detail::cu::cuMemMap_nothrow(at, memory.size(), 0, memory.handle(), 0ULL),

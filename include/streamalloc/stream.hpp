@@ -61,11 +61,13 @@ inline stream_record& resolve_stream(CUstream s) {
   if (r.device() < 0) {
     CUcontext ctx = nullptr;
     cu::cuStreamGetCtx(s, &ctx);
-    cu::cuCtxPushCurrent(ctx);
     CUdevice d{};
-    const CUresult res = cu::cuCtxGetDevice_nothrow(&d);
-    CUcontext popped = nullptr;
-    (void)cu::cuCtxPopCurrent_nothrow(&popped);
+    CUresult res = CUDA_SUCCESS;
+    {
+      // cuCtxGetDevice answers for the current context: make the stream's current for it.
+      scoped_context in_stream_context(ctx);
+      res = cu::cuCtxGetDevice_nothrow(&d);
+    }
     check(res, "cuCtxGetDevice");
     r.set_device(static_cast<int>(d));
     if (is_legacy_handle(s)) r.mark_handle_stable();
@@ -218,11 +220,13 @@ class stream {
     detail::cu::cuCtxGetCurrent(&current);
     CUcontext target = current;
     if (device >= 0 || current == nullptr) target = detail::primary_context(device < 0 ? 0 : device);
-    detail::cu::cuCtxPushCurrent(target);
     CUstream s = nullptr;
-    const CUresult r = detail::cu::cuStreamCreateWithPriority_nothrow(&s, static_cast<unsigned>(flags), priority);
-    CUcontext popped = nullptr;
-    (void)detail::cu::cuCtxPopCurrent_nothrow(&popped);
+    CUresult r = CUDA_SUCCESS;
+    {
+      // A stream belongs to the context current when it is made.
+      detail::scoped_context in_target(target);
+      r = detail::cu::cuStreamCreateWithPriority_nothrow(&s, static_cast<unsigned>(flags), priority);
+    }
     detail::check(r, "cuStreamCreateWithPriority");
     stream_ = s;
     try {
@@ -412,18 +416,8 @@ namespace detail {
 /// A new event of context `ctx` (events belong to the context current when they are made),
 /// whatever context the calling thread has current.
 inline std::unique_ptr<event> make_event_in(CUcontext ctx) {
-  cu::cuCtxPushCurrent(ctx);
-  std::unique_ptr<event> e;
-  try {
-    e = std::make_unique<event>();
-  } catch (...) {
-    CUcontext popped = nullptr;
-    (void)cu::cuCtxPopCurrent_nothrow(&popped);
-    throw;
-  }
-  CUcontext popped = nullptr;
-  (void)cu::cuCtxPopCurrent_nothrow(&popped);
-  return e;
+  scoped_context in_ctx(ctx);  // popped whether or not the event is made
+  return std::make_unique<event>();
 }
 }  // namespace detail
 
@@ -455,11 +449,12 @@ inline stream_order order_after(stream_ref later, stream_ref earlier) {
 inline host_order synchronize_device(int device) {
   auto points = detail::ordering().begin_synchronize_all();
   std::erase_if(points, [device](auto& p) { return p.first->device() != device; });
-  CUcontext ctx = detail::primary_context(device);
-  detail::cu::cuCtxPushCurrent(ctx);
-  const CUresult r = detail::cu::cuCtxSynchronize_nothrow();
-  CUcontext popped = nullptr;
-  (void)detail::cu::cuCtxPopCurrent_nothrow(&popped);
+  CUresult r = CUDA_SUCCESS;
+  {
+    // cuCtxSynchronize waits for the current context: make the device's current for it.
+    detail::scoped_context on_device(detail::primary_context(device));
+    r = detail::cu::cuCtxSynchronize_nothrow();
+  }
   detail::check(r, "cuCtxSynchronize");
   detail::ordering().complete_all(points);
   return host_order(0, device, 0);

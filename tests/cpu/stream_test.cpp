@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <cstddef>
+#include <stdexcept>
 #include <type_traits>
 
 using streamalloc::stream_ref;
@@ -29,4 +30,14 @@ TEST_CASE("the default streams have names, not numbers") {
   CHECK(stream_ref::legacy_default().get() == cudaStreamLegacy);
   CHECK(stream_ref::per_thread_default().get() == cudaStreamPerThread);
   CHECK(stream_ref::legacy_default() != stream_ref::per_thread_default());
+}
+
+// Runs with no driver: a bad ordinal is refused before one would be needed.
+TEST_CASE("a device ordinal streamalloc cannot index is a bad argument, found before the driver") {
+  CHECK_THROWS_WITH_AS((void)streamalloc::synchronize_device(-2), doctest::Contains("device ordinal -2 is out of range"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS((void)streamalloc::synchronize_device(streamalloc::detail::max_devices),
+                       doctest::Contains("is out of range"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS((void)streamalloc::stream(-5), doctest::Contains("device -5 is not a device ordinal"),
+                       std::invalid_argument);
 }

@@ -112,19 +112,29 @@ TEST_SUITE("vmm") {
     require_nothing_live();
   }
 
-  TEST_CASE("mapping past the reservation is the driver's error, with the reservation named") {
+  TEST_CASE("mapping past the reservation is a bad argument, refused before the driver maps anything") {
     {
       address_reservation va(4 * MiB);
       physical_allocation mem(4 * MiB, gpu0);
+      // Not a cuda_error: no driver call was made, so none can be named.
       try {
         mapping m(va, 2 * MiB, mem);
         FAIL("should have thrown");
-      } catch (const cuda_error& e) {
-        CHECK(e.code() == CUDA_ERROR_INVALID_VALUE);
-        CHECK(e.call() == "cuMemMap");
+      } catch (const std::invalid_argument& e) {
+        CHECK(contains(e.what(), "streamalloc::mapping"));
+        CHECK(contains(e.what(), "at offset 2097152 of a reservation of 4194304 bytes"));
         CHECK(contains(e.what(), "leaves the reservation"));
       }
+      // An offset so large that the address would wrap around.
+      CHECK_THROWS_WITH_AS(mapping(va, std::size_t{1} << 62, mem),
+                           doctest::Contains("leaves the reservation"), std::invalid_argument);
+      CHECK_THROWS_WITH_AS(mapping(va, 4 * MiB, mem), doctest::Contains("leaves the reservation"),
+                           std::invalid_argument);
       CHECK(fake_live().mappings == 0);
+      // Nothing was mapped: the whole reservation is still free for the memory.
+      mapping ok(va, 0, mem);
+      CHECK(ok.address() == va.address());
+      CHECK(fake_live().mappings == 1);
     }
     require_nothing_live();
   }

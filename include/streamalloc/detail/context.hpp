@@ -10,16 +10,22 @@
 #include <array>
 #include <atomic>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 
 namespace streamalloc::detail {
 
 inline constexpr int max_devices = 64;
 
+/// `device`'s primary context, retained on first use.
+/// @throws std::invalid_argument for an ordinal outside [0, max_devices), before any driver call
+/// @throws cuda_error when the driver has no such device
 inline CUcontext primary_context(int device) {
-  if (device < 0 || device >= max_devices) {
-    throw cuda_error(CUDA_ERROR_INVALID_DEVICE, "cuDevicePrimaryCtxRetain",
-                     "device ordinal " + std::to_string(device) + " is out of range");
+  if (device < 0 || device >= max_devices) [[unlikely]] {
+    // Caught here, not by the driver: the array below is indexed by it.
+    throw std::invalid_argument("streamalloc: device ordinal " + std::to_string(device) +
+                                " is out of range (streamalloc handles devices 0 to " +
+                                std::to_string(max_devices - 1) + ")");
   }
   static std::array<std::atomic<CUcontext>, max_devices> contexts{};
   static std::mutex retain_mutex;
@@ -42,5 +48,24 @@ inline void ensure_context(int device) {
   cu::cuCtxGetCurrent(&current);
   if (current == nullptr) cu::cuCtxSetCurrent(primary_context(device));
 }
+
+/// Makes `ctx` the calling thread's current context for the guard's scope (cuCtxPushCurrent),
+/// then restores the one before it (cuCtxPopCurrent). Pushing rather than setting leaves a
+/// context the caller made current untouched once the scope ends.
+class scoped_context {
+ public:
+  /// @throws cuda_error when the driver refuses the push; nothing is then popped
+  explicit scoped_context(CUcontext ctx) { cu::cuCtxPushCurrent(ctx); }
+  // The nothrow pop: a destructor cannot report a failure, and a pop that fails (no context
+  // current any more) leaves nothing to restore.
+  ~scoped_context() {
+    CUcontext popped = nullptr;
+    (void)cu::cuCtxPopCurrent_nothrow(&popped);
+  }
+  scoped_context(const scoped_context&) = delete;
+  scoped_context& operator=(const scoped_context&) = delete;
+  scoped_context(scoped_context&&) = delete;
+  scoped_context& operator=(scoped_context&&) = delete;
+};
 
 }  // namespace streamalloc::detail

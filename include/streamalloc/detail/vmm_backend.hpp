@@ -100,10 +100,12 @@ class vmm_backend {
       e.ev = spare.back();
       spare.pop_back();
     } else {
-      cu::cuCtxPushCurrent(e.ctx);
-      const CUresult r = cu::cuEventCreate_nothrow(&e.ev, CU_EVENT_DISABLE_TIMING);
-      CUcontext popped = nullptr;
-      (void)cu::cuCtxPopCurrent_nothrow(&popped);
+      CUresult r = CUDA_SUCCESS;
+      {
+        // The event must belong to the stream's context, whatever the calling thread has current.
+        scoped_context in_stream_context(e.ctx);
+        r = cu::cuEventCreate_nothrow(&e.ev, CU_EVENT_DISABLE_TIMING);
+      }
       check(r, "cuEventCreate");
     }
     const CUresult r = cu::cuEventRecord_nothrow(e.ev, s);
