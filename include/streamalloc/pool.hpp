@@ -361,16 +361,6 @@ void free_or_report(pool_ref owner, const void* p, const char* operation, Free&&
 // --- the current pool of each device ---------------------------------------------------------
 
 namespace detail {
-inline std::array<std::atomic<pool_state*>, max_devices>& current_pools() {
-  static std::array<std::atomic<pool_state*>, max_devices> p{};
-  return p;
-}
-inline void forget_current_pool(pool_state* p) noexcept {
-  for (auto& slot : current_pools()) {
-    pool_state* expected = p;
-    slot.compare_exchange_strong(expected, nullptr, std::memory_order_acq_rel);
-  }
-}
 // The device count cannot change while the process runs: asked once, not on every allocation
 // through streamalloc::allocate.
 inline int cached_device_count() {

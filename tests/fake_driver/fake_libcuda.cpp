@@ -268,8 +268,10 @@ CUresult fake_cuMemCreate(CUmemGenericAllocationHandle* h, std::size_t size,
   return CUDA_SUCCESS;
 }
 
+// Unmapping and releasing need no current context: the real driver (580, H100) accepts both
+// from a thread that never made one, and the pool gives memory back from any thread.
 CUresult fake_cuMemRelease(CUmemGenericAllocationHandle h) {
-  if (CUresult r = need_context()) return r;
+  if (CUresult r = need_init()) return r;
   std::lock_guard lock(S().m);
   auto it = S().handles.find(h);
   if (it == S().handles.end()) return CUDA_ERROR_INVALID_VALUE;
@@ -307,8 +309,8 @@ CUresult fake_cuMemMap(CUdeviceptr p, std::size_t size, std::size_t offset,
   return CUDA_SUCCESS;
 }
 
-CUresult fake_cuMemUnmap(CUdeviceptr p, std::size_t size) {
-  if (CUresult r = need_context()) return r;
+CUresult fake_cuMemUnmap(CUdeviceptr p, std::size_t size) {  // no context needed (see cuMemRelease)
+  if (CUresult r = need_init()) return r;
   std::lock_guard lock(S().m);
   auto it = S().mappings.find(p);
   if (it == S().mappings.end() || it->second.size != size) return CUDA_ERROR_INVALID_VALUE;

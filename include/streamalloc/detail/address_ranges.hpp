@@ -152,7 +152,10 @@ class address_ranges {
       if (best == free_.end() || it->second > best->second) best = it;
     }
     if (best == free_.end() || best->second / std::max<std::uint64_t>(spread, 2) < bytes) return std::nullopt;
-    const std::uint64_t at = best->first + (best->second - bytes) / 2 / align * align;
+    // The middle, rounded down to a multiple of align; up, when that falls below the range.
+    std::uint64_t at = (best->first + (best->second - bytes) / 2) / align * align;
+    if (at < best->first) at += align;
+    if (at + bytes > best->first + best->second) return std::nullopt;  // no multiple of align fits
     carve(best, at, bytes);
     return at;
   }

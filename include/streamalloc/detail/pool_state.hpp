@@ -19,6 +19,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -75,8 +77,18 @@ inline pool_directory& pools() {
 
 inline stream_key key_of(stream_ref s) { return {&s.record(), s.get()}; }
 
-/// A closing pool stops being any device's current pool (defined after `pool`).
-inline void forget_current_pool(pool_state* p) noexcept;
+/// Each device's current pool, when `set_current_pool` set one (null: its default pool).
+inline std::array<std::atomic<pool_state*>, max_devices>& current_pools() {
+  static std::array<std::atomic<pool_state*>, max_devices> p{};
+  return p;
+}
+/// A closing pool stops being any device's current pool.
+inline void forget_current_pool(pool_state* p) noexcept {
+  for (auto& slot : current_pools()) {
+    pool_state* expected = p;
+    slot.compare_exchange_strong(expected, nullptr, std::memory_order_acq_rel);
+  }
+}
 
 /// The largest `max_size`, `address_space` or `chunk_size` a pool accepts: 2^50 bytes (1 PiB).
 /// No device addresses that much (Hopper's virtual address space is 2^49 bytes), and keeping
