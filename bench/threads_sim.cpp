@@ -5,7 +5,7 @@
 //
 //   bench_threads_sim [window ms]
 
-#include <streamalloc/detail/pool_core.hpp>
+#include <streamalloc/detail/core/pool_core.hpp>
 
 #include "../tests/support/sim_backend.hpp"
 #include "thread_rate.hpp"

@@ -5,7 +5,7 @@
 //
 //   bench_trace_sim [--live-gib N] [--steps N]
 
-#include <streamalloc/detail/pool_core.hpp>
+#include <streamalloc/detail/core/pool_core.hpp>
 
 #include "../tests/support/sim_backend.hpp"
 #include "trace.hpp"

@@ -3,8 +3,8 @@
 /// @file
 /// @brief Who may read and write a mapped range: `set_access`, `get_access`, `access_grant`.
 
-#include <streamalloc/detail/context.hpp>
-#include <streamalloc/detail/driver_api.hpp>
+#include <streamalloc/detail/driver/context.hpp>
+#include <streamalloc/detail/driver/driver_api.hpp>
 #include <streamalloc/memory_location.hpp>
 
 #include <cstddef>

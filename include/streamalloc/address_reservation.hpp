@@ -3,8 +3,8 @@
 /// @file
 /// @brief An owned range of virtual addresses, with nothing mapped into it yet.
 
-#include <streamalloc/detail/context.hpp>
-#include <streamalloc/detail/driver_api.hpp>
+#include <streamalloc/detail/driver/context.hpp>
+#include <streamalloc/detail/driver/driver_api.hpp>
 
 #include <cstddef>
 #include <cstdint>

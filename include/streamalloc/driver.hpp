@@ -3,12 +3,12 @@
 /// @file
 /// @brief Is the CUDA driver there, which version, and what can each device do.
 ///
-/// Every query loads the driver on first use (see detail/driver_loader.hpp); nothing links
+/// Every query loads the driver on first use (see detail/driver/driver_loader.hpp); nothing links
 /// against libcuda. Queries that need the driver throw `driver_unavailable` when it is missing,
 /// except `driver_available()`, which only answers.
 
-#include <streamalloc/detail/context.hpp>
-#include <streamalloc/detail/driver_api.hpp>
+#include <streamalloc/detail/driver/context.hpp>
+#include <streamalloc/detail/driver/driver_api.hpp>
 #include <streamalloc/error.hpp>
 #include <streamalloc/memory_location.hpp>
 #include <streamalloc/shareable_handle.hpp>

@@ -3,7 +3,7 @@
 /// @file
 /// @brief The exceptions streamalloc throws for driver failures.
 
-#include <streamalloc/detail/driver_loader.hpp>
+#include <streamalloc/detail/driver/driver_loader.hpp>
 
 #include <stdexcept>
 #include <string>
@@ -133,20 +133,6 @@ class not_supported : public cuda_error {
  public:
   explicit not_supported(std::string_view what)
       : cuda_error(CUDA_ERROR_NOT_SUPPORTED, "capability check", what) {}
-};
-
-}  // namespace streamalloc
-
-namespace streamalloc {
-
-/**
- * @brief A stream-ordering rule was broken in a way the types could not catch: an ordering
- * token for another stream, or one made before the buffer's last use. Thrown by the run-time
- * checks of debug builds (see `STREAMALLOC_CHECK_ORDERING` in <streamalloc/ordering.hpp>).
- */
-class ordering_error : public std::logic_error {
- public:
-  using std::logic_error::logic_error;
 };
 
 }  // namespace streamalloc

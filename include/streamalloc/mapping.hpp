@@ -4,8 +4,8 @@
 /// @brief Physical memory mapped at virtual addresses, unmapped on destruction.
 
 #include <streamalloc/address_reservation.hpp>
-#include <streamalloc/detail/context.hpp>
-#include <streamalloc/detail/driver_api.hpp>
+#include <streamalloc/detail/driver/context.hpp>
+#include <streamalloc/detail/driver/driver_api.hpp>
 #include <streamalloc/physical_allocation.hpp>
 
 #include <cstddef>

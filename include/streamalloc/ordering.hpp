@@ -21,10 +21,11 @@
 /// buffer's last use) is checked at run time when `STREAMALLOC_CHECK_ORDERING` is 1 (the
 /// default unless `NDEBUG` is defined), throwing `ordering_error` with what went wrong.
 
-#include <streamalloc/detail/ordering.hpp>
+#include <streamalloc/detail/core/ordering.hpp>
 #include <streamalloc/error.hpp>
 
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 
@@ -50,6 +51,16 @@
 #endif
 
 namespace streamalloc {
+
+/**
+ * @brief A stream-ordering rule was broken in a way the types could not catch: an ordering
+ * token for another stream, or one made before the buffer's last use. Thrown by the run-time
+ * checks of debug builds (see `STREAMALLOC_CHECK_ORDERING` above).
+ */
+class ordering_error : public std::logic_error {
+ public:
+  using std::logic_error::logic_error;
+};
 
 class stream_ref;
 class event_ref;

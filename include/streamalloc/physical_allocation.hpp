@@ -4,8 +4,8 @@
 /// @brief Owned physical memory (`cuMemCreate`), its granularity, and its export to other
 /// processes as a POSIX file descriptor.
 
-#include <streamalloc/detail/context.hpp>
-#include <streamalloc/detail/driver_api.hpp>
+#include <streamalloc/detail/driver/context.hpp>
+#include <streamalloc/detail/driver/driver_api.hpp>
 #include <streamalloc/driver.hpp>
 #include <streamalloc/memory_location.hpp>
 #include <streamalloc/shareable_handle.hpp>

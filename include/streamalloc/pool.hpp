@@ -5,7 +5,7 @@
 /// the semantics of `cudaMemPool_t` and `cudaMallocAsync` / `cudaFreeAsync`; `pool_ref`, its
 /// non-owning view; the current pool of each device; and the bad-free handler.
 
-#include <streamalloc/detail/pool_state.hpp>
+#include <streamalloc/detail/pool/pool_state.hpp>
 #include <streamalloc/memory_location.hpp>
 #include <streamalloc/ordering.hpp>
 #include <streamalloc/placement.hpp>

@@ -8,9 +8,9 @@
 /// ordered after what, so memory freed on one stream can be reused on another without waiting
 /// for the device. Work ordered with raw CUDA calls stays correct; it only gets less reuse.
 
-#include <streamalloc/detail/context.hpp>
-#include <streamalloc/detail/driver_api.hpp>
-#include <streamalloc/detail/ordering.hpp>
+#include <streamalloc/detail/driver/context.hpp>
+#include <streamalloc/detail/driver/driver_api.hpp>
+#include <streamalloc/detail/core/ordering.hpp>
 #include <streamalloc/error.hpp>
 #include <streamalloc/ordering.hpp>
 

@@ -1,4 +1,4 @@
-// The pool core (detail/pool_core.hpp) under arbitrary operation sequences, on the simulated
+// The pool core (detail/core/pool_core.hpp) under arbitrary operation sequences, on the simulated
 // device of tests/support/sim_backend.hpp. Each input decodes into a pool configuration and a
 // sequence of operations: allocations of any size (0, huge), frees on the allocating stream or on
 // another one ordered after it, frees of foreign, interior and freed pointers, grow and shrink in
@@ -25,7 +25,7 @@
 // (STREAMALLOC_FUZZ_REPLAY), which runs each file of tests/fuzz/corpus/ through the same entry
 // point. STREAMALLOC_FUZZ_TRACE=1 prints each operation, to follow an input that fails.
 
-#include <streamalloc/detail/pool_core.hpp>
+#include <streamalloc/detail/core/pool_core.hpp>
 
 #include "sim_backend.hpp"
 

@@ -3,7 +3,7 @@
 // Reads the fake driver's counters (tests/fake_driver/fake_libcuda.cpp) from a test that runs
 // with STREAMALLOC_LIBCUDA pointing at it.
 
-#include <streamalloc/detail/driver_loader.hpp>
+#include <streamalloc/detail/driver/driver_loader.hpp>
 
 #include <doctest/doctest.h>
 

@@ -1,10 +1,10 @@
 #pragma once
 
-// A simulated backend for the pool core (detail/pool_core.hpp): physical memory is bookkeeping
+// A simulated backend for the pool core (detail/core/pool_core.hpp): physical memory is bookkeeping
 // with a capacity, and each stream is a queue whose progress the test controls, so tests decide
 // exactly which frees have "executed on the device".
 
-#include <streamalloc/detail/pool_core.hpp>
+#include <streamalloc/detail/core/pool_core.hpp>
 
 #include <algorithm>
 #include <cstdint>

@@ -1,4 +1,4 @@
-#include <streamalloc/detail/address_index.hpp>
+#include <streamalloc/detail/core/address_index.hpp>
 
 #include <doctest/doctest.h>
 

@@ -3,7 +3,7 @@
 // back. Hand-made cases with exact results, then random sequences checked against a model that
 // keeps the free addresses granule by granule.
 
-#include <streamalloc/detail/address_ranges.hpp>
+#include <streamalloc/detail/core/address_ranges.hpp>
 
 #include <doctest/doctest.h>
 

@@ -1,4 +1,4 @@
-#include <streamalloc/detail/block_chain.hpp>
+#include <streamalloc/detail/core/block_chain.hpp>
 
 #include <doctest/doctest.h>
 

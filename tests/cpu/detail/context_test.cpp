@@ -2,7 +2,7 @@
 // bad arguments, and every place that pushes a context for one call leaves the thread's current
 // context as it found it, on success and on failure.
 
-#include <streamalloc/detail/context.hpp>
+#include <streamalloc/detail/driver/context.hpp>
 #include <streamalloc/pool.hpp>
 #include <streamalloc/stream.hpp>
 

@@ -1,4 +1,4 @@
-#include <streamalloc/detail/free_bins.hpp>
+#include <streamalloc/detail/core/free_bins.hpp>
 
 #include <doctest/doctest.h>
 

@@ -1,4 +1,4 @@
-#include <streamalloc/detail/live_table.hpp>
+#include <streamalloc/detail/core/live_table.hpp>
 
 #include <doctest/doctest.h>
 

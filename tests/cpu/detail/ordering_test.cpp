@@ -1,4 +1,4 @@
-#include <streamalloc/detail/ordering.hpp>
+#include <streamalloc/detail/core/ordering.hpp>
 
 #include <doctest/doctest.h>
 

@@ -2,7 +2,7 @@
 // defragmentation by remapping, release, statistics, bad frees; and randomized multi-stream
 // sequences checked against an independent model of what each stream is ordered after.
 
-#include <streamalloc/detail/pool_core.hpp>
+#include <streamalloc/detail/core/pool_core.hpp>
 
 #include <doctest/doctest.h>
 

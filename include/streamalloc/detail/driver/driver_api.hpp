@@ -5,7 +5,7 @@
 //   cu::cuMemMap_nothrow(args...)  returns the CUresult; for destructors and probing
 // Both go through one cached pointer per function (driver_loader.hpp), found on first use.
 
-#include <streamalloc/detail/driver_loader.hpp>
+#include <streamalloc/detail/driver/driver_loader.hpp>
 #include <streamalloc/error.hpp>
 
 #include <cudaTypedefs.h>

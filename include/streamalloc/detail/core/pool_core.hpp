@@ -2,7 +2,7 @@
 
 // The pool's allocator, free of CUDA: it runs against a Backend that provides physical memory
 // and device events, so the whole algorithm is exercised on the CPU by tests with a simulated
-// backend (tests/cpu/pool_core_test.cpp), and on the GPU through the VMM backend (pool.hpp).
+// backend (tests/cpu/detail/pool_core_test.cpp), and on the GPU through the VMM backend (pool.hpp).
 //
 // Where free blocks live:
 //   a stream's fast cache   blocks freed on that stream, reusable by it at once; whole blocks
@@ -25,14 +25,14 @@
 // memory freed on such a stream A therefore needs proof learned while A was in hand (an event
 // the pool recorded on A during one of A's calls, a host synchronization, an event wait).
 
-#include <streamalloc/detail/address_index.hpp>
-#include <streamalloc/detail/address_ranges.hpp>
-#include <streamalloc/detail/block.hpp>
-#include <streamalloc/detail/block_chain.hpp>
-#include <streamalloc/detail/free_bins.hpp>
-#include <streamalloc/detail/live_table.hpp>
-#include <streamalloc/detail/ordering.hpp>
-#include <streamalloc/detail/pool_backend.hpp>
+#include <streamalloc/detail/core/address_index.hpp>
+#include <streamalloc/detail/core/address_ranges.hpp>
+#include <streamalloc/detail/core/block.hpp>
+#include <streamalloc/detail/core/block_chain.hpp>
+#include <streamalloc/detail/core/free_bins.hpp>
+#include <streamalloc/detail/core/live_table.hpp>
+#include <streamalloc/detail/core/ordering.hpp>
+#include <streamalloc/detail/core/pool_backend.hpp>
 #include <streamalloc/placement.hpp>
 #include <streamalloc/pool_statistics.hpp>
 #include <streamalloc/reuse_policy.hpp>

@@ -4,7 +4,7 @@
 // free from a good one. Sharded by address (1024 shards), each shard an open-addressing table
 // behind its own spin lock, so threads freeing different blocks rarely meet.
 
-#include <streamalloc/detail/block.hpp>
+#include <streamalloc/detail/core/block.hpp>
 
 #include <atomic>
 #include <cstdint>

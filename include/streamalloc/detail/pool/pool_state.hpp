@@ -4,9 +4,9 @@
 // the checks of a pool's properties, and the process-wide directory of pools by address.
 
 #include <streamalloc/access.hpp>
-#include <streamalloc/detail/context.hpp>
-#include <streamalloc/detail/pool_core.hpp>
-#include <streamalloc/detail/vmm_backend.hpp>
+#include <streamalloc/detail/driver/context.hpp>
+#include <streamalloc/detail/core/pool_core.hpp>
+#include <streamalloc/detail/pool/vmm_backend.hpp>
 #include <streamalloc/driver.hpp>
 #include <streamalloc/memory_location.hpp>
 #include <streamalloc/ordering.hpp>

@@ -6,9 +6,9 @@
 
 #include <streamalloc/access.hpp>
 #include <streamalloc/address_reservation.hpp>
-#include <streamalloc/detail/context.hpp>
-#include <streamalloc/detail/driver_api.hpp>
-#include <streamalloc/detail/pool_core.hpp>
+#include <streamalloc/detail/driver/context.hpp>
+#include <streamalloc/detail/driver/driver_api.hpp>
+#include <streamalloc/detail/core/pool_core.hpp>
 #include <streamalloc/mapping.hpp>
 #include <streamalloc/physical_allocation.hpp>
 

@@ -5,7 +5,7 @@
 // current. The primary context is retained once per device and never released, like the
 // runtime's own reference, so objects that outlive main's locals still find it.
 
-#include <streamalloc/detail/driver_api.hpp>
+#include <streamalloc/detail/driver/driver_api.hpp>
 
 #include <array>
 #include <atomic>

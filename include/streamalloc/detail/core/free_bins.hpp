@@ -13,7 +13,7 @@
 // sizes holds a few hundred bytes. A group that cannot be made (out of host memory) does not
 // fail the insert: the block goes to an overflow list, which find and the walks also read.
 
-#include <streamalloc/detail/block.hpp>
+#include <streamalloc/detail/core/block.hpp>
 
 #include <array>
 #include <bit>

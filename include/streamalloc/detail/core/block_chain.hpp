@@ -7,8 +7,8 @@
 // bins they sit in is the pool's business; this only keeps the chain, the runs and the index
 // consistent with each other. Not thread-safe: the pool's lock guards it.
 
-#include <streamalloc/detail/address_index.hpp>
-#include <streamalloc/detail/block.hpp>
+#include <streamalloc/detail/core/address_index.hpp>
+#include <streamalloc/detail/core/block.hpp>
 
 #include <cstdint>
 #include <iterator>

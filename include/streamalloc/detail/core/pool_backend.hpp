@@ -5,7 +5,7 @@
 // the driver) and the simulated device of the CPU tests (tests/support/sim_backend.hpp), and
 // both are checked against it at compile time.
 
-#include <streamalloc/detail/ordering.hpp>
+#include <streamalloc/detail/core/ordering.hpp>
 
 #include <cuda.h>
 
