@@ -1,6 +1,6 @@
 // A buffer owns its memory: a copy would free it twice. Move it, or copy the contents with
 // copy_from on a stream.
-// expect: use of deleted function .*basic_stream_buffer<T, Properties>::basic_stream_buffer\(const streamalloc::(ordering_checked::)?basic_stream_buffer
+// expect: use of deleted function .*basic_stream_buffer<T, Properties>::basic_stream_buffer\(const streamalloc::(ordering_(un)?checked::)?basic_stream_buffer
 #include <streamalloc/stream_buffer.hpp>
 
 void use(streamalloc::stream_buffer<int>& a) {

@@ -10,7 +10,6 @@ namespace ordering_modes {
 
 struct probe_result {
   bool proof_refused;        ///< detail::check_proof threw ordering_error for a proof that covers nothing
-  bool cross_stream_refused; ///< stream_buffer::copy_from between two streams threw ordering_error
   std::string mode;          ///< the inline namespace the translation unit's stream_buffer lives in
 };
 
