@@ -82,7 +82,17 @@ class cuda_error : public std::runtime_error {
       : cuda_error(code, std::string(call), detail::result_name(code),
                    detail::result_description(code), std::string(context)) {}
 
-  /// The driver's result code.
+  /// A CUDA runtime call's failure (`call`: "cudaMemcpyAsync"), named as the runtime names it:
+  /// `name()` and `description()` are the runtime's (cudaGetErrorName, cudaGetErrorString), not
+  /// those of the driver result with the same number, and `code()` holds the runtime's
+  /// cudaError_t value, which equals the driver's result for the errors the runtime passes on.
+  [[nodiscard]] static cuda_error from_runtime(int code, std::string_view call, std::string_view name,
+                                               std::string_view description, std::string_view context = {}) {
+    return cuda_error(static_cast<CUresult>(code), std::string(call), std::string(name), std::string(description),
+                      std::string(context));
+  }
+
+  /// The driver's result code (for `from_runtime`, the runtime's).
   [[nodiscard]] CUresult code() const noexcept { return code_; }
   /// The driver function that failed, e.g. "cuMemMap".
   [[nodiscard]] const std::string& call() const noexcept { return call_; }

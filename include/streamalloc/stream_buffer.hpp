@@ -47,7 +47,7 @@ inline constexpr bool is_stream_buffer_v<basic_stream_buffer<T, P...>> = true;
 
 inline void check_runtime(cudaError_t e, const char* call) {
   if (e != cudaSuccess) [[unlikely]] {
-    throw cuda_error(static_cast<CUresult>(e), call, cudaGetErrorString(e));
+    throw cuda_error::from_runtime(static_cast<int>(e), call, cudaGetErrorName(e), cudaGetErrorString(e));
   }
 }
 }  // namespace detail

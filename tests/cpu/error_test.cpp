@@ -11,6 +11,19 @@ namespace {
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 }  // namespace
 
+TEST_CASE("a runtime call's failure is named as the runtime names it") {
+  // cudaErrorInvalidDevicePointer (17) has no driver result of that number: the driver's name
+  // for 17 would be wrong, so the runtime's name and text are kept.
+  const cuda_error e = cuda_error::from_runtime(17, "cudaMemcpyAsync", "cudaErrorInvalidDevicePointer",
+                                                "invalid device pointer", "copying 4096 bytes");
+  CHECK(e.code() == static_cast<CUresult>(17));
+  CHECK(e.call() == "cudaMemcpyAsync");
+  CHECK(e.name() == "cudaErrorInvalidDevicePointer");
+  CHECK(e.description() == "invalid device pointer");
+  CHECK(std::string(e.what()) ==
+        "streamalloc: cudaMemcpyAsync failed: cudaErrorInvalidDevicePointer (invalid device pointer): copying 4096 bytes");
+}
+
 TEST_CASE("cuda_error carries the result, the call and the context") {
   const cuda_error e(CUDA_ERROR_INVALID_VALUE, "cuMemMap", "mapping 4096 bytes");
   CHECK(e.code() == CUDA_ERROR_INVALID_VALUE);
