@@ -18,9 +18,15 @@ bool refuse_groups = false;
 }  // namespace
 
 // The bins make their groups with the nothrow array new; a test refuses them through this.
+// Every array new and delete is replaced together, so each pair matches (the address
+// sanitizer checks that what the system's new[] made is not given to free).
 [[gnu::noinline]] void* operator new[](std::size_t bytes, const std::nothrow_t&) noexcept {
   if (refuse_groups) return nullptr;
   return std::malloc(bytes == 0 ? 1 : bytes);
+}
+[[gnu::noinline]] void* operator new[](std::size_t bytes) {
+  if (void* p = std::malloc(bytes == 0 ? 1 : bytes)) return p;
+  throw std::bad_alloc();
 }
 [[gnu::noinline]] void operator delete[](void* p) noexcept { std::free(p); }
 [[gnu::noinline]] void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
