@@ -114,8 +114,9 @@ class pool_interface {
     return st != nullptr && st->owns(p);
   }
 
-  /// True once `close()` has run (or the pool was moved from): the pool then holds nothing and
-  /// refuses every use but `closed`, `owns`, `properties`, `location`, `device` and `close`.
+  /// True once `close()` has run, or the pool was moved from. A closed pool holds nothing and
+  /// refuses every use but `closed`, `owns`, `properties`, `location`, `device` and `close`; a
+  /// moved-from one answers only `closed`, `owns` (false) and `close` (nothing to report).
   [[nodiscard]] bool closed() const noexcept {
     const pool_state* st = Derived::state_of(self());
     return st == nullptr || st->closed();
@@ -153,12 +154,12 @@ class pool_interface {
   /// The properties as the pool applies them (`max_size` rounded down to the granularity,
   /// `address_space` the limit in force, the latest threshold and reuse policy set).
   /// @throws pool_closed on a moved-from pool (a closed one still answers)
-  [[nodiscard]] const pool_properties& properties() const { return known("properties").properties(); }
+  [[nodiscard]] const pool_properties& properties() const { return state("properties").properties(); }
   /// Where the memory lives. @throws pool_closed on a moved-from pool
-  [[nodiscard]] memory_location location() const { return known("location").location(); }
+  [[nodiscard]] memory_location location() const { return state("location").location(); }
   /// The device whose streams allocate here and whose kernels use the memory (a device pool's
   /// own; for a host pool, the device it was made for). @throws pool_closed on a moved-from pool
-  [[nodiscard]] int device() const { return known("device").device(); }
+  [[nodiscard]] int device() const { return state("device").device(); }
   /// The allocation granularity of the pool's memory. @throws pool_closed after `close()`
   [[nodiscard]] std::size_t granularity() const { return state("granularity").granularity(); }
 
@@ -170,10 +171,9 @@ class pool_interface {
 
  private:
   [[nodiscard]] const Derived& self() const noexcept { return static_cast<const Derived&>(*this); }
-  /// The state, for a member that needs the pool open (the state checks that it is not closed).
-  pool_state& state(const char* member) const { return known(member); }
-  /// The state, for a member that a closed pool still answers.
-  pool_state& known(const char* member) const {
+  /// The state; throws for a moved-from pool. (Whether a closed pool answers is the state's
+  /// business: properties, location and device do, the rest throw.)
+  pool_state& state(const char* member) const {
     pool_state* st = Derived::state_of(self());
     if (st == nullptr) [[unlikely]] pool_state::throw_moved_from(member);
     return *st;
@@ -223,7 +223,8 @@ class pool : public detail::pool_interface<pool> {
   pool& operator=(const pool&) = delete;
   /// Takes `other`'s state; `other` is left closed.
   pool(pool&& other) noexcept = default;
-  /// Closes this pool (as the destructor does), then takes `other`'s state.
+  /// Destroys this pool's state (as the destructor does: refs, resources and buffers made from
+  /// it must be gone by then), then takes `other`'s.
   pool& operator=(pool&& other) noexcept {
     if (this != &other) {
       state_.reset();
@@ -263,6 +264,10 @@ class pool : public detail::pool_interface<pool> {
 class pool_ref : public detail::pool_interface<pool_ref> {
  public:
   pool_ref(const pool& p) noexcept : state_(pool::state_of(p)) {}  // NOLINT: an owner views as its ref
+  // A temporary pool dies at the end of the full expression, taking its state: a ref to it
+  // would dangle at once.
+  pool_ref(pool&&) = delete;
+  pool_ref(const pool&&) = delete;
   /// For the library's own lookups (the current pool, the pool of a pointer).
   explicit pool_ref(detail::pool_state& s) noexcept : state_(&s) {}
 
@@ -298,7 +303,7 @@ struct bad_free {
   const void* pointer;    ///< what was freed
   pool_ref owner;         ///< the pool it was freed to
   const char* operation;  ///< the free that was called, as "streamalloc::pool_resource::deallocate"
-  const char* reason;     ///< what the checking form would have thrown
+  const char* reason;     ///< what the checking form would have thrown; valid during the handler's call only
 };
 
 /// Called with each bad free found by a free that may not throw. It must not throw; it may
@@ -347,7 +352,7 @@ void free_or_report(pool_ref owner, const void* p, const char* operation, Free&&
     free();
   } catch (const std::invalid_argument& e) {
     get_bad_free_handler()(bad_free{p, owner, operation, e.what()});
-  } catch (const pool_closed&) {  // closed meanwhile by another thread: as above
+  } catch (const pool_closed&) {  // nothing may escape a noexcept free (close() racing a free is undefined)
   } catch (const std::exception& e) {
     std::fprintf(stderr, "streamalloc: %s: the free of %p was not made and the allocation stays live: %s\n",
                  operation, p, e.what());

@@ -104,6 +104,10 @@ class pool_resource : public detail::property_tag<pool_resource<Properties...>, 
    *         (host access claimed over a device pool)
    */
   explicit pool_resource(pool_ref p) : pool_(p) {
+    if (detail::state_of(p) == nullptr) [[unlikely]] {
+      throw pool_closed("streamalloc::pool_resource: the pool was moved from (make the resource from the pool it "
+                        "was moved into)");
+    }
     if (is_host_accessible && !p.location().is_host()) {
       throw std::invalid_argument("streamalloc::pool_resource: host_accessible claimed over a pool on " +
                                   p.location().to_string() + ", which host code cannot read");
@@ -126,9 +130,14 @@ class pool_resource : public detail::property_tag<pool_resource<Properties...>, 
    * the form that throws.
    */
   void deallocate(void* p, std::size_t bytes, std::size_t alignment = 256) noexcept {
-    (void)bytes;
     detail::free_or_report(pool_, p, "streamalloc::pool_resource::deallocate",
-                           [&] { pool_.deallocate_sync(start_of(p, alignment)); });
+                           [&] { deallocate_checked(p, bytes, alignment); });
+  }
+  /// The checking form of `deallocate`, for code that tests for bad frees: throws
+  /// std::invalid_argument (changing nothing) where `deallocate` calls the bad-free handler.
+  void deallocate_checked(void* p, std::size_t bytes, std::size_t alignment = 256) {
+    (void)bytes;
+    pool_.deallocate_sync(start_of(p, alignment));
   }
   /// Allocation in the order of `s`. @throws out_of_memory, std::invalid_argument
   [[nodiscard]] void* allocate_async(std::size_t bytes, std::size_t alignment, ::cuda::stream_ref s) {
@@ -148,9 +157,13 @@ class pool_resource : public detail::property_tag<pool_resource<Properties...>, 
     deallocate_async(p, bytes, alignment, stream_ref(s));
   }
   void deallocate_async(void* p, std::size_t bytes, std::size_t alignment, stream_ref s) noexcept {
-    (void)bytes;
     detail::free_or_report(pool_, p, "streamalloc::pool_resource::deallocate_async",
-                           [&] { pool_.deallocate(start_of(p, alignment), s); });
+                           [&] { deallocate_async_checked(p, bytes, alignment, s); });
+  }
+  /// The checking form of `deallocate_async` (see `deallocate_checked`).
+  void deallocate_async_checked(void* p, std::size_t bytes, std::size_t alignment, stream_ref s) {
+    (void)bytes;
+    pool_.deallocate(start_of(p, alignment), s);
   }
   void deallocate_async(void* p, std::size_t bytes, stream_ref s) noexcept { deallocate_async(p, bytes, 256, s); }
 
@@ -295,12 +308,14 @@ class pmr_resource final : public std::pmr::memory_resource {
   // free) goes to the bad-free handler, which by default aborts with a message; after the pool
   // was closed its memory is gone already, so there is nothing to free.
   void do_deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept override {
-    host_resource r(pool_);  // does not throw: the claim was checked when this resource was made
-    if (ordered_) {
-      r.deallocate_async(p, bytes, alignment, stream_);
-    } else {
-      r.deallocate(p, bytes, alignment);
-    }
+    detail::free_or_report(pool_, p, "streamalloc::pmr_resource::deallocate", [&] {
+      host_resource r(pool_);
+      if (ordered_) {
+        r.deallocate_async_checked(p, bytes, alignment, stream_);
+      } else {
+        r.deallocate_checked(p, bytes, alignment);
+      }
+    });
   }
   bool do_is_equal(const std::pmr::memory_resource& other) const noexcept override {
     const auto* o = dynamic_cast<const pmr_resource*>(&other);

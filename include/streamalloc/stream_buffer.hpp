@@ -568,13 +568,14 @@ class basic_stream_buffer {
       size_ = capacity_ = 0;
       return;
     }
-    try {
-      free_now();
-    } catch (...) {
-      // Ordering a reader failed (a dead context): the free is not made, so nothing a reader
-      // may still use is reused; the pool reports the allocation when it is destroyed.
-      data_ = nullptr;
-    }
+    // A destructor may not throw: a bad free (the memory freed already through the pool) goes
+    // to the bad-free handler. Ordering a reader may fail (a dead context): the free is then
+    // not made, so nothing a reader may still use is reused, and the pool reports the
+    // allocation when it is closed.
+    detail::free_or_report(pool_ref(*pool_), data_, "streamalloc::stream_buffer (destroyed or reassigned)",
+                           [&] { free_now(); });
+    data_ = nullptr;
+    readers_.clear();
     size_ = capacity_ = 0;
   }
 

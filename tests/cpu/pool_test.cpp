@@ -357,6 +357,9 @@ TEST_SUITE("pool") {
     CHECK_THROWS_WITH_AS((void)p.allocate(256, s), doctest::Contains("allocate: the pool was moved from"), pool_closed);
     CHECK_THROWS_WITH_AS((void)p.location(), doctest::Contains("location: the pool was moved from"), pool_closed);
     CHECK(p.close().live_allocations == 0);  // nothing to close
+    // Nothing new can be made over it: each says so instead of holding a null state.
+    CHECK_THROWS_WITH_AS(device_resource{p}, doctest::Contains("the pool was moved from"), pool_closed);
+    CHECK_THROWS_WITH_AS((stream_buffer<int>(10, s, p)), doctest::Contains("the pool was moved from"), pool_closed);
     // Everything made from it names q now.
     CHECK(r == pool_ref(q));
     CHECK(mr.pool() == pool_ref(q));
@@ -399,6 +402,23 @@ TEST_SUITE("pool") {
     CHECK(current_pool(0) == default_pool(0));
     q.deallocate(c, s);
     CHECK(q.close().live_allocations == 0);
+  }
+
+  TEST_CASE("a buffer freed twice (through the pool, then by its destructor) goes to the bad-free handler") {
+    pool p;
+    stream s(0);
+    const bad_free_recorder bad;
+    void* data = nullptr;
+    {
+      stream_buffer<int> b(100, s, p);
+      data = b.data();
+      p.deallocate(b.data(), s);  // behind the buffer's back
+    }
+    CHECK(bad.count() == 1);
+    CHECK(bad.latest().pointer == data);
+    CHECK(bad.latest().operation == "streamalloc::stream_buffer (destroyed or reassigned)");
+    CHECK(bad.latest().reason.find("already free") != std::string::npos);
+    CHECK(p.statistics().live_allocations == 0);
   }
 
   TEST_CASE("set_current_pool refuses a closed pool") {
@@ -567,6 +587,7 @@ TEST_SUITE("pool") {
     base.deallocate(x, 1000, 512);  // a double free
     CHECK(bad.count() == 3);
     CHECK(bad.latest().owner == pool_ref(host_pool));
+    CHECK(bad.latest().operation == "streamalloc::pmr_resource::deallocate");
     {
       std::pmr::vector<int> v(&mr);
       v.reserve(1000);  // no elements: the fake driver's addresses hold no memory

@@ -41,9 +41,9 @@ class block_arena {
  public:
   block* make(std::uint64_t addr, std::uint64_t size) {
     block* b;
-    if (!spare_.empty()) {
-      b = spare_.back();
-      spare_.pop_back();
+    if (spare_ != nullptr) {
+      b = spare_;
+      spare_ = b->next_free;
       *b = block{};
     } else {
       if (next_ == per_slab) {
@@ -56,13 +56,17 @@ class block_arena {
     b->size = size;
     return b;
   }
-  void recycle(block* b) { spare_.push_back(b); }
+  /// Keeps `b` for the next make. Never fails: merges call it after changing the chain.
+  void recycle(block* b) noexcept {
+    b->next_free = spare_;  // a recycled block is in no bins: its link is free to use
+    spare_ = b;
+  }
 
  private:
   static constexpr std::size_t per_slab = 1024;
   std::vector<std::unique_ptr<block[]>> slabs_;
   std::size_t next_ = per_slab;
-  std::vector<block*> spare_;
+  block* spare_ = nullptr;  // recycled blocks, linked through next_free
 };
 
 }  // namespace streamalloc::detail

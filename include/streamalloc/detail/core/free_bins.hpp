@@ -3,8 +3,8 @@
 // Free blocks binned by size, two-level segregated fit (after TLSF): sizes below 16 KiB have a
 // bin per 256 bytes; above, each power of two is split into 32 bins, so a bin's sizes differ by
 // at most 1/32. Insert, remove and "find a block of at least n bytes" are O(1) apart from a
-// short scan of one bin, with no allocation on the way: lists are intrusive
-// (block::prev_free/next_free) and non-empty bins are found through a bitmap.
+// short scan of one bin: lists are intrusive (block::prev_free/next_free) and non-empty bins
+// are found through a bitmap. The only allocation is a bin group's first use (below).
 //
 // Every stream a pool serves has two of these (its cache and its pending frees), so their size
 // is a cost per stream: with all 1,248 list heads inline they were 10 KiB each, and a ring over

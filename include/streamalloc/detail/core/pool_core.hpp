@@ -184,11 +184,13 @@ class pool_core final : public completion_listener {
   /// Ends the lifetime of the block at `p` in the order of stream `s`.
   /// Throws std::invalid_argument, changing nothing, for a pointer that is not a live block.
   void deallocate(std::uint64_t p, stream_key s) {
+    // The stream's state first: making it (the first free on a new stream) may fail for lack of
+    // host memory, and must then leave the block live, as a refused free does.
+    stream_state& st = state_for(s);
     block* b = live_.erase(p);
     if (b == nullptr) [[unlikely]] {
       throw std::invalid_argument(explain_bad_free(p));
     }
-    stream_state& st = state_for(s);
     const std::uint64_t stamp = st.record->stamp();
     b->stream = st.record->id();
     b->stamp = stamp;

@@ -124,22 +124,12 @@ inline stream_key host_key() {
  * @brief The state of a pool: what `pool` owns and `pool_ref` refers to. It lives on the heap,
  * so that its address, which refs, resources, buffers, the current-pool slots and the pointer
  * directory hold, stays the same when the owning `pool` is moved. The members are those of
- * `pool_interface` (documented there), applied to one state; each checks that the pool is not
- * closed.
+ * `pool_interface` (documented there), applied to one state; those a closed pool refuses
+ * check that it is not closed.
  */
 class pool_state {
  public:
-  /**
-   * @brief Makes a pool. Everything the properties ask of the device is checked here, not at
-   * the first allocation: the pool creates and releases one granule of physical memory with
-   * them, so a location or handle type the driver refuses fails now.
-   * @throws std::invalid_argument for properties that cannot work (a chunk size off the
-   *         granularity, a maximum below one granule, a size above 2^50 bytes, unknown handle
-   *         type bits...)
-   * @throws not_supported when the location or a handle type is unsupported
-   * @throws driver_unavailable, cuda_error (also when the driver refuses the location or the
-   *         handle types, saying which)
-   */
+  /// Checks the properties and makes the core (see `pool::pool`, which documents what is refused).
   explicit pool_state(pool_properties props) : props_(props) {
     require_driver();
     const int device = props.location.is_device() ? props.location.id() : 0;
@@ -208,8 +198,7 @@ class pool_state {
   pool_state(const pool_state&) = delete;
   pool_state& operator=(const pool_state&) = delete;
 
-  /// Destroys the pool. Live allocations are reported on stderr (use `close()` to get the
-  /// report instead) and their memory is released after the device has finished its work.
+  /// Closes the pool, reporting live allocations on stderr (see `pool::~pool`).
   ~pool_state() {
     if (!core_) return;
     const pool_close_report r = close();
@@ -221,15 +210,7 @@ class pool_state {
     }
   }
 
-  /**
-   * @brief Releases everything now and reports what was never freed. Work ordered before the
-   * pool's frees is waited for: when a free may still be running on the device, or allocations
-   * are still live, the host first synchronizes with the device whose streams use the memory,
-   * so nothing is unmapped under running work. The pool cannot be used afterwards (every
-   * member but `closed`, `owns`, `properties`, `location`, `device` and `close` throws
-   * `pool_closed`); if it is some device's current pool, that device's default pool becomes
-   * current again.
-   */
+  /// See `pool::close`.
   pool_close_report close() noexcept {
     if (!core_) return {};
     detail::pools().remove(this);
