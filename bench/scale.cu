@@ -6,7 +6,8 @@
 //              million of them: us per stream over each block of 1,000, the records streamalloc
 //              holds, and the host memory the process holds
 //   3. live    L live blocks (256 B .. 4 KiB, one stream): ns per allocate, then per free,
-//              at L = 1,000 .. 1,000,000
+//              at L = 1,000 .. 1,000,000, and the floor under a coalescing free at each L
+//              (free_floor.hpp): how much of the growth the memory hierarchy alone makes
 //   4. pools   pools made one after another, each allocating and growing a buffer in place,
 //              until 4,096 or the first failure
 //
@@ -16,6 +17,7 @@
 #include <streamalloc/stream.hpp>
 
 #include "bench_common.hpp"
+#include "free_floor.hpp"
 
 #include <cuda_runtime.h>
 
@@ -236,7 +238,9 @@ void churn() {
 
 void live_blocks() {
   std::printf("\n3. L live blocks of 256 B .. 4 KiB on one stream: ns per allocate, then per free (random order)\n");
-  std::printf("%10s %12s %12s %12s %12s\n", "live", "alloc ours", "alloc driver", "free ours", "free driver");
+  std::printf("%10s %12s %12s %12s %12s %12s\n", "live", "alloc ours", "alloc driver", "free ours", "free driver",
+              "free floor");
+  std::uint64_t sink = 0;
   std::vector<std::size_t> counts = {1000, 10000, 100000};
   if (!quick) counts.push_back(1000000);
   for (std::size_t n : counts) {
@@ -270,12 +274,15 @@ void live_blocks() {
       s.synchronize();
       BENCH_CHECK(cudaMemPoolDestroy(dp));
     }
-    std::printf("%10zu %12.0f %12.0f %12.0f %12.0f\n", n, a_ours, a_drv, f_ours, f_drv);
+    const double floor_ns = bench::free_floor_ns(order, sink);
+    std::printf("%10zu %12.0f %12.0f %12.0f %12.0f %12.1f\n", n, a_ours, a_drv, f_ours, f_drv, floor_ns);
     json_row("live_" + std::to_string(n),
              "\"live\": " + std::to_string(n) + ", \"streamalloc_allocate_ns\": " + std::to_string(a_ours) +
                  ", \"cudaMallocAsync_allocate_ns\": " + std::to_string(a_drv) + ", \"streamalloc_free_ns\": " +
-                 std::to_string(f_ours) + ", \"cudaFreeAsync_ns\": " + std::to_string(f_drv));
+                 std::to_string(f_ours) + ", \"cudaFreeAsync_ns\": " + std::to_string(f_drv) +
+                 ", \"free_floor_ns\": " + std::to_string(floor_ns));
   }
+  if (sink == 0) std::printf("   (no neighbour was ever seen free: the floor's model is broken)\n");
 }
 
 // --- 4. many pools ----------------------------------------------------------------------------
