@@ -1,0 +1,138 @@
+#pragma once
+
+// How a pool learns that frees have run on the device. A free on stream A stamps its block with
+// A's clock; the block may be reused by another stream B only once the free is known to precede
+// B's work: B was ordered after A (an event wait the ordering registry saw), or the free is known
+// complete. Complete is learned here, per stream, from three sources, cheapest first:
+//   - the stream's record: a host synchronization (or an event the host waited on) marks
+//     everything enqueued before it complete;
+//   - the stream itself: one query of an idle stream completes everything before the question;
+//   - events the pool records on the stream, one per look covering the frees made since the
+//     last one, polled until the device passes them.
+//
+// Stream handles: a state keeps the handle it was first seen with, but uses it on its own only
+// when the stream's record says the handle stays valid (a stream streamalloc owns, until it
+// retires; the legacy default stream). Any other handle is used only during a call that was
+// given it, on the calling thread: a raw stream may have been destroyed since and its value
+// handed to a new stream, and the per-thread default stream's handle names the calling
+// thread's stream. Reusing on stream B memory freed on such a stream A therefore needs proof
+// learned while A was in hand (an event recorded on A during one of A's calls, a host
+// synchronization, an event wait).
+//
+// Under the pool lock, like the pending bins and events it reads.
+
+#include <streamalloc/detail/core/block.hpp>
+#include <streamalloc/detail/core/ordering.hpp>
+#include <streamalloc/detail/core/pool_backend.hpp>
+#include <streamalloc/detail/core/stream_table.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+namespace streamalloc::detail {
+
+template <pool_backend Backend>
+class completion_tracker {
+ public:
+  using event = typename Backend::event;
+  using state = stream_state<event>;
+
+  explicit completion_tracker(Backend& backend) noexcept : backend_(backend) {}
+
+  /// The handle through which the pool may reach `st`'s stream now: its own when the stream's
+  /// record says it stays valid, else the caller's when the caller is that stream (given in this
+  /// call, on this thread), else none.
+  static void* handle_now(const state& st, const stream_key& caller) noexcept {
+    if (st.native != nullptr && st.record->handle_stable()) return st.native;
+    if (caller.record == st.record.get()) return caller.native;
+    return nullptr;
+  }
+
+  /// Takes `st`'s pending blocks whose frees are known complete out of its pending bins and
+  /// appends them to `ready`. With `query_events`, asks the device first: about the stream
+  /// itself where its handle may be used now (`caller`: the stream of the call in progress, if
+  /// any), and about the pool's events on it, recording one that covers frees not yet covered.
+  void settle(state& st, bool query_events, const stream_key& caller, std::vector<block*>& ready) {
+    void* const native = query_events ? handle_now(st, caller) : nullptr;
+    if (native != nullptr && !st.pending.empty() && st.newest_stamp > st.record->completed()) {
+      // An idle stream has executed everything enqueued before the question, frees included:
+      // the cheapest proof there is (one query), and complete, where an event only covers the
+      // frees made before it was recorded.
+      const std::uint64_t point = st.record->begin_synchronize();
+      if (backend_.idle({st.record.get(), native})) ordering().complete_stream_quietly(*st.record, point);
+    }
+    if (query_events) {
+      // One event per stream per look, not one per free.
+      if (native != nullptr) cover(st, {st.record.get(), native});
+      while (!st.events.empty() && backend_.done(st.events.front().ev)) {
+        st.record->mark_completed(st.events.front().epoch);
+        backend_.destroy(st.events.front().ev);
+        st.events.pop_front();
+      }
+    }
+    const std::uint64_t done = st.record->completed();
+    if (done == 0 || st.pending.empty()) return;
+    st.pending.for_each([&](block* b) {
+      if (b->stamp <= done) {
+        st.pending.remove(b);
+        ready.push_back(b);
+      }
+    });
+  }
+
+  /// Records an event on `s` (the stream of the call in progress, whose state is `st`) covering
+  /// its pending frees not yet covered by one. For a stream whose handle the pool may not use
+  /// later (raw, per-thread) this is the only way other streams ever learn that those frees ran
+  /// without a host synchronization.
+  void cover(state& st, const stream_key& s) {
+    if (s.native == nullptr || st.pending.empty() || st.newest_stamp <= st.last_event_epoch ||
+        st.newest_stamp <= st.record->completed()) {
+      return;
+    }
+    const clock_snapshot point = st.record->capture();
+    st.events.push_back({backend_.record(s), point.epoch});
+    st.last_event_epoch = point.epoch;
+  }
+
+  /// An event on `st`'s stream covering its frees up to the returned epoch: recorded now when
+  /// its handle may be used (whatever the frees since the last one), else the newest the pool
+  /// recorded while the stream was in hand. 0: there is none.
+  std::uint64_t latest_cover(state& st) {
+    if (void* native = handle_now(st, stream_key{})) {
+      const clock_snapshot point = st.record->capture();
+      st.events.push_back({backend_.record({st.record.get(), native}), point.epoch});
+      st.last_event_epoch = std::max(st.last_event_epoch, point.epoch);
+      return point.epoch;
+    }
+    return st.events.empty() ? 0 : st.events.back().epoch;
+  }
+
+  /// Orders stream `s` (state `waiter`) after `st`'s newest event, which covers `st`'s frees up
+  /// to `epoch` (from latest_cover): a stream wait, or for a synchronous call (`s` without a
+  /// handle) the host's. The registry learns the ordering, whatever the reuse policies.
+  void wait_for_latest(state& waiter, const stream_key& s, state& st, std::uint64_t epoch) {
+    event& ev = st.events.back().ev;
+    if (s.native != nullptr) {
+      backend_.wait(s, ev);
+    } else {
+      backend_.synchronize(ev);
+    }
+    waiter.record->wait_for(clock_snapshot{st.record->id(), epoch, {}});
+  }
+
+  /// Gives back `st`'s events, done or not (nothing waits on them any more); with `wait`, the
+  /// host waits for each first (the pool is closing and its memory is about to go).
+  void drop_events(state& st, bool wait) noexcept {
+    for (auto& pe : st.events) {
+      if (wait) backend_.synchronize(pe.ev);
+      backend_.destroy(pe.ev);
+    }
+    st.events.clear();
+  }
+
+ private:
+  Backend& backend_;
+};
+
+}  // namespace streamalloc::detail

@@ -1,0 +1,292 @@
+#pragma once
+
+// The pool core's growth, defragmentation and release: how a request that no free block can
+// serve gets memory (extend the free block that ends a mapped run, remap whole free chunks next
+// to each other, create new chunks, reserve more addresses), how a live block grows in place,
+// and how free chunks go back to the device. Members of pool_core (pool_core.hpp), defined
+// here to keep each file to one job; included at the end of pool_core.hpp, never on its own.
+
+#include <streamalloc/detail/core/pool_core.hpp>
+
+namespace streamalloc::detail {
+
+/// The free block `st` may use that ends a mapped run and has room after it for what a
+/// request of `n` bytes lacks (rounded up to `unit`), the largest such: growing or remapping
+/// there extends it instead of starting a new run. Null if none.
+template <pool_backend Backend>
+block* pool_core<Backend>::extendable_tail(state& st, std::uint64_t n, std::uint64_t unit) {
+  block* best = nullptr;
+  for (auto& [start, end] : chain_.runs()) {
+    block* last = chain_.before(end);
+    if (last == nullptr) continue;
+    const block_state ls = state_of(last);
+    if (ls != block_state::clear && ls != block_state::pending) continue;
+    if (last->bins != &clear_ && last->bins != &st.pending) continue;
+    if (!space_.free_addresses().has_room(end, round_up(n - std::min(n, last->size), unit))) continue;
+    if (best == nullptr || last->size > best->size) best = last;
+  }
+  return best;
+}
+
+/// Maps `c` at `va` and puts it in the address chain as a free block of `bins`, merged with a
+/// free neighbour before it.
+template <pool_backend Backend>
+block* pool_core<Backend>::place_chunk(std::uint64_t va, chunk c, free_bins* bins, state* st) {
+  const std::uint64_t size = c.size;
+  space_.map(va, std::move(c));
+  block* b = chain_.place(va, size);
+  if (bins == &clear_) {
+    set_state(b, block_state::clear);
+  } else {
+    set_state(b, block_state::pending);
+    b->stream = st->record->id();
+    b->stamp = 0;  // fresh memory: ordered before everything
+  }
+  b = merge_neighbours(b, bins);
+  bins->insert(b);
+  return b;
+}
+
+/// Grows the pool for a request of `n` bytes on `st`. Null when the limit or the device
+/// says no. `again`: this is the one retry after free chunks were released (below).
+template <pool_backend Backend>
+block* pool_core<Backend>::grow(std::uint64_t n, state& st, placement where, bool again) {
+  const bool own = n >= options_.chunk_size && options_.own_chunk_for_large;
+  // One handle of its own for a large request: copies over it run at full speed. Otherwise
+  // chunks, extending the free block at the end of a mapped run when there is one.
+  // Without a tail to extend, the new memory must hold the whole request.
+  block* tail = own ? nullptr : extendable_tail(st, n, options_.chunk_size);
+  const std::uint64_t have = tail != nullptr ? tail->size : 0;
+  const std::uint64_t need = round_up(n - std::min(n, have), space_.granularity());
+  const bool one_piece =
+      own || (options_.max_size != 0 && space_.held() + round_up(need, options_.chunk_size) > options_.max_size);
+  // own: one handle; a piece under the limit: one smaller handle; otherwise whole chunks.
+  const std::uint64_t total = own ? round_up(n, space_.granularity())
+                              : one_piece ? need
+                                          : round_up(std::max<std::uint64_t>(need, 1), options_.chunk_size);
+  if (options_.max_size != 0 && space_.held() + total > options_.max_size) return nullptr;
+  // Refused before any handle is made (or listed): more than the largest run of free addresses
+  // can never be mapped together, however much memory the device has.
+  if (total > space_.free_addresses().largest() && !space_.reserve_more(total)) return nullptr;
+  std::vector<std::uint64_t> sizes;
+  if (one_piece) {
+    sizes.push_back(total);
+  } else {
+    sizes.assign(total / options_.chunk_size, options_.chunk_size);
+  }
+  std::vector<handle> handles(sizes.size());
+  bool released = false;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    // Out of device memory: give back the whole free chunks this pool caches, then retry.
+    CUresult r = backend_.create(sizes[i], handles[i]);
+    if (r != CUDA_SUCCESS && release_free_chunks(0) != 0) {
+      released = true;
+      r = backend_.create(sizes[i], handles[i]);
+    }
+    if (r != CUDA_SUCCESS) {
+      for (std::size_t j = 0; j < i; ++j) backend_.release(handles[j]);
+      return nullptr;
+    }
+  }
+  // Releasing free chunks above may have taken the tail with them, or shrunk it.
+  if (tail != nullptr) {
+    tail = extendable_tail(st, n, options_.chunk_size);
+    if (tail != nullptr && tail->size + total < n) tail = nullptr;
+  }
+  std::optional<std::uint64_t> va;
+  // Right after the tail or not at all: a tail chosen again above had its room checked for
+  // its own size, which may be less than `total`.
+  if (tail != nullptr) va = space_.free_addresses().take_at(total, tail->addr + tail->size);
+  if (!va && total < n) {  // away from the tail, too little to hold the request
+    for (auto& h : handles) backend_.release(h);
+    // The release took the tail this growth was sized for, and freed device memory: sized
+    // afresh, without that tail, the request may now fit.
+    return released && !again ? grow(n, st, where, true) : nullptr;
+  }
+  // A large request starts a run of its own: with room to grow in place after it, or next
+  // to the other large runs, at the top of the addresses (chunk runs grow at the bottom),
+  // where the GPU page tables are already built.
+  if (!va && own && where == placement::room_to_grow) {
+    // Room of at least `room_spread / 2` times its size after it: reserved for it, when the
+    // free addresses are short of that, else as much as there is.
+    va = space_.free_addresses().take_spaced(total, space_.granularity(), room_spread);
+    if (!va && total <= space_.limit() / room_spread && space_.reserve_more(room_spread * total)) {
+      va = space_.free_addresses().take_spaced(total, space_.granularity(), room_spread);
+    }
+    if (!va) va = space_.free_addresses().take_spaced(total, space_.granularity());
+  } else if (!va && own) {
+    va = space_.free_addresses().take_top(total);
+  }
+  if (!va) va = space_.free_addresses().take(total);
+  if (!va) {
+    for (auto& h : handles) backend_.release(h);
+    return nullptr;
+  }
+  space_.note_growth(total);
+  free_bins* bins = (tail != nullptr && tail->bins == &st.pending) ? &st.pending : &clear_;
+  std::uint64_t at = *va;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    place_chunk(at, chunk{sizes[i], std::move(handles[i])}, bins, &st);
+    at += sizes[i];
+  }
+  return find_usable(n, st);
+}
+
+/// Extends live block `b` to `n` bytes with the free blocks after it that `st` may use,
+/// mapping new physical memory at the end of its run if they fall short. False, changing
+/// nothing, when a block in the way is live or not usable, or the addresses after the run
+/// are taken, or the pool is at its limit or the device out of memory.
+template <pool_backend Backend>
+bool pool_core<Backend>::extend(block* b, std::uint64_t n, state& st) {
+  auto usable = [&](block* x) {
+    if (x == nullptr) return false;
+    const block_state xs = state_of(x);
+    if (xs == block_state::clear) return x->bins == &clear_;
+    if (xs != block_state::pending) return false;
+    if (x->bins == &st.pending) return true;
+    if (!options_.reuse.follow_event_dependencies) return false;
+    const state* owner = streams_.find(x->stream);
+    if (owner == nullptr || x->bins != &owner->pending) return false;
+    const std::uint64_t limit = std::max(st.record->ordered_after(x->stream), owner->record->completed());
+    return x->stamp <= limit;
+  };
+  std::uint64_t have = b->size;
+  block* last = b;
+  while (have < n && usable(last->next_addr)) {
+    last = last->next_addr;
+    have += last->size;
+  }
+  if (have < n) {
+    if (last->next_addr != nullptr) return false;  // a live or unusable block in the way
+    const std::uint64_t end = last->addr + last->size;
+    const std::uint64_t bytes = round_up(n - have, space_.granularity());
+    if (options_.max_size != 0 && space_.held() + bytes > options_.max_size) return false;
+    // Past the end of a reservation, a new one placed right there continues the run.
+    if (!space_.free_addresses().has_room(end, bytes) && (space_.owns(end) || !space_.reserve_more(bytes, end))) return false;
+    handle h{};
+    // No retry after releasing cached chunks here: the free blocks after `b` may be among them.
+    if (backend_.create(bytes, h) != CUDA_SUCCESS) return false;
+    (void)space_.free_addresses().take_at(bytes, end);  // room was checked under the same lock
+    space_.note_growth(bytes);
+    place_chunk(end, chunk{bytes, std::move(h)}, &clear_, &st);
+  }
+  // Absorb the blocks after `b`, splitting the last one.
+  while (b->size < n) {
+    block* x = b->next_addr;
+    free_bins* bins = x->bins;
+    bins->remove(x);
+    const std::uint64_t want = n - b->size;
+    if (x->size <= want) {
+      b->size += x->size;
+      unlink(x);
+    } else {
+      chain_.give_front(x, want);
+      bins->insert(x);
+      b->size += want;
+    }
+  }
+  return true;
+}
+
+/// The chunks lying wholly inside clear free blocks (only memory known to be unused may be
+/// unmapped: remapping memory a kernel still reads would fault).
+template <pool_backend Backend>
+auto pool_core<Backend>::free_chunks() -> std::vector<free_chunk> {
+  std::vector<free_chunk> out;
+  for (auto& [va, c] : space_.chunks()) {
+    block* b = chain_.at_or_before(va);
+    if (state_of(b) == block_state::clear && b->addr <= va && b->addr + b->size >= va + c.size) {
+      out.push_back({va, c.size, b->size});
+    }
+  }
+  return out;
+}
+
+/// Cuts [va, va + size) out of the clear block holding it and out of the address chain.
+template <pool_backend Backend>
+void pool_core<Backend>::cut_out(std::uint64_t va, std::uint64_t size) {
+  block* b = chain_.at_or_before(va);
+  clear_.remove(b);
+  const auto [before, after] = chain_.cut(b, va, size);
+  for (block* piece : {before, after}) {
+    if (piece == nullptr) continue;
+    set_state(piece, block_state::clear);
+    clear_.insert(piece);
+  }
+}
+
+/// Defragments: when the clear memory in whole free chunks would hold `n` bytes, remaps those
+/// chunks next to each other (after the largest extendable free block if there is one).
+template <pool_backend Backend>
+block* pool_core<Backend>::defragment(std::uint64_t n, state& st) {
+  auto movable = free_chunks();
+  std::uint64_t total = 0;
+  for (auto& m : movable) total += m.size;
+  block* tail = extendable_tail(st, n, space_.granularity());  // only if the chunks fit after it
+  const std::uint64_t have = tail != nullptr ? tail->size : 0;
+  if (total + have < n) return nullptr;
+  // Take chunks out of the smallest free blocks first, so the large free blocks stay whole
+  // for large requests (this matters more to fragmentation than the number of remaps).
+  std::sort(movable.begin(), movable.end(), [](const free_chunk& a, const free_chunk& b) {
+    return a.block_size != b.block_size ? a.block_size < b.block_size : a.va < b.va;
+  });
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> picked;
+  std::uint64_t got = have;
+  for (auto& m : movable) {
+    if (got >= n) break;
+    // Chunks under the tail block stay: moving them would shrink what they are to extend.
+    if (tail != nullptr && m.va < tail->addr + tail->size && tail->addr < m.va + m.size) continue;
+    picked.emplace_back(m.va, m.size);
+    got += m.size;
+  }
+  if (got < n) {
+    tail = nullptr;  // without the tail: from scratch
+    picked.clear();
+    got = 0;
+    for (auto& m : movable) {
+      if (got >= n) break;
+      picked.emplace_back(m.va, m.size);
+      got += m.size;
+    }
+    if (got < n) return nullptr;
+  }
+  std::uint64_t bytes = 0;
+  for (auto& m : picked) bytes += m.second;
+  std::optional<std::uint64_t> at;
+  const std::uint64_t tail_end = tail != nullptr ? tail->addr + tail->size : 0;
+  if (tail != nullptr) at = space_.free_addresses().take_at(bytes, tail_end);
+  if (!at && tail != nullptr && bytes < n) return nullptr;  // would not hold the request alone
+  if (!at) {
+    at = space_.take_or_reserve(bytes);
+    if (!at) return nullptr;
+  }
+  std::uint64_t dst = *at;
+  for (auto& [va, size] : picked) {
+    cut_out(va, size);
+    place_chunk(dst, space_.unmap(va), &clear_, &st);
+    dst += size;
+    space_.note_remap();
+  }
+  return find_usable(n, st);
+}
+
+/// Releases whole free chunks, highest address first, until free memory is at most `keep`.
+/// Returns the bytes released.
+template <pool_backend Backend>
+std::uint64_t pool_core<Backend>::release_free_chunks(std::uint64_t keep) {
+  std::uint64_t free_bytes = clear_.bytes();
+  streams_.for_each([&](state& st) { free_bytes += st.pending.bytes(); });
+  if (free_bytes <= keep) return 0;
+  auto movable = free_chunks();
+  std::uint64_t released = 0;
+  for (auto it = movable.rbegin(); it != movable.rend() && free_bytes > keep; ++it) {
+    const std::uint64_t va = it->va, size = it->size;
+    cut_out(va, size);
+    space_.release(space_.unmap(va));
+    free_bytes -= size;
+    released += size;
+  }
+  return released;
+}
+
+}  // namespace streamalloc::detail
