@@ -111,6 +111,7 @@ class completion_tracker {
   /// Orders stream `s` (state `waiter`) after `st`'s newest event, which covers `st`'s frees up
   /// to `epoch` (from latest_cover): a stream wait, or for a synchronous call (`s` without a
   /// handle) the host's. The registry learns the ordering, whatever the reuse policies.
+  /// Only after latest_cover returned `epoch` (not 0) for `st`: its newest event is that one.
   void wait_for_latest(state& waiter, const stream_key& s, state& st, std::uint64_t epoch) {
     event& ev = st.events.back().ev;
     if (s.native != nullptr) {
