@@ -9,6 +9,7 @@
 #include <doctest/doctest.h>
 
 #include "sim_backend.hpp"
+#include "test_streams.hpp"
 
 #include <algorithm>
 #include <cstdint>
@@ -62,32 +63,9 @@ static_assert(pool_backend<counting_backend>);
 using tracker = completion_tracker<counting_backend>;
 using state = tracker::state;
 
-struct test_stream {
-  stream_record* record;
-  void* native;
-  [[nodiscard]] stream_key key() const { return {record, native}; }
-  /// The key of a call on this stream that was given no handle (a synchronous call).
-  [[nodiscard]] stream_key key_without_handle() const { return {record, nullptr}; }
-};
-
-/// A stream with an id no other test uses. `stable`: its handle stays valid (a streamalloc
-/// `stream`); else a raw handle the pool may use only during a call given it.
-test_stream make_stream(bool stable) {
-  static std::uint64_t next = 1ull << 56;
-  static char handles[4096];
-  const std::uint64_t id = ++next;
-  stream_record& r = ordering().record(id);
-  if (stable) r.mark_handle_stable();
-  return {&r, &handles[id % 4096]};
-}
-
-/// Another raw stream behind the same handle value (CUDA hands a destroyed stream's value out
-/// again; the per-thread default stream has one value on every thread).
-test_stream same_handle(const test_stream& old) {
-  test_stream s = make_stream(false);
-  s.native = old.native;
-  return s;
-}
+using test_support::make_stream;
+using test_support::same_handle;
+using test_support::test_stream;
 
 struct fixture {
   std::shared_ptr<sim_device> dev = std::make_shared<sim_device>();

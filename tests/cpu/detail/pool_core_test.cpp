@@ -7,6 +7,7 @@
 #include <doctest/doctest.h>
 
 #include "sim_backend.hpp"
+#include "test_streams.hpp"
 
 #include <algorithm>
 #include <map>
@@ -23,30 +24,9 @@ namespace {
 constexpr std::uint64_t MiB = 1ull << 20;
 using core = pool_core<sim_backend>;
 
-struct test_stream {
-  stream_record* record;
-  void* native;
-  stream_key key() const { return {record, native}; }
-};
-
-/// A stream whose handle stays valid (a streamalloc `stream`), or with `stable == false` a raw
-/// handle the pool may use only during a call given it.
-test_stream make_stream(bool stable = true) {
-  static std::uint64_t next = 1ull << 52;
-  static char handles[4096];
-  const std::uint64_t id = ++next;
-  stream_record& r = ordering().record(id);
-  if (stable) r.mark_handle_stable();
-  return {&r, &handles[id % 4096]};
-}
-
-/// Another stream behind the same handle value: a raw stream created after `old` was destroyed
-/// (CUDA hands the value out again), or the per-thread default stream of another thread.
-test_stream same_handle(const test_stream& old) {
-  test_stream s = make_stream(false);
-  s.native = old.native;
-  return s;
-}
+using test_support::make_stream;
+using test_support::same_handle;
+using test_support::test_stream;
 
 struct fixture {
   std::shared_ptr<sim_device> dev = std::make_shared<sim_device>();
