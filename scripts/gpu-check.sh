@@ -98,7 +98,8 @@ if [ $quick -eq 0 ]; then
     "$build/bench/bench_stream_buffer" --json "$out/stream_buffer.json" && \
     "$build/bench/bench_bandwidth" --json "$out/bandwidth.json" && \
     "$build/bench/bench_vmm_costs" && \
-    "$build/bench/bench_scale" --json "$out/scale.json"
+    "$build/bench/bench_scale" --json "$out/scale.json" && \
+    "$build/bench/bench_graphs" --json "$out/graphs.json"
   }
   step bench benches
 fi
@@ -116,5 +117,6 @@ if [ -f "$out/bench.log" ]; then
   echo; sed -n '/^the same threads on the CPU/,/^ *16 /p' "$out/bench.log"
   echo; sed -n '/^growing a buffer/,/^wrote .*stream_buffer.json/p' "$out/bench.log"
   echo; sed -n '/^1\. hand-off ring/,/^wrote .*scale.json/p' "$out/bench.log"
+  echo; sed -n '/^1\. N blocks/,/^wrote .*graphs.json/p' "$out/bench.log"
 fi
 exit $failed
