@@ -26,6 +26,12 @@ struct pool_statistics {
   std::size_t chunks = 0;            ///< physical allocations mapped
   std::size_t remapped_chunks = 0;   ///< chunks moved to defragment, since creation
   std::size_t grows = 0;             ///< times the pool mapped new physical memory, since creation
+  // Graphs made by stream capture (docs/graphs.md). Their memory is part of reserved_current,
+  // not of used_current, free_clear or free_pending: a graph holds it for the graph's life.
+  std::size_t graph_reserved_current = 0;  ///< bytes held by graphs alive
+  std::size_t graph_reserved_high = 0;     ///< its high-water mark since creation or reset
+  std::size_t graph_allocations = 0;       ///< blocks held by graphs alive
+  std::size_t graphs = 0;                  ///< graphs alive that hold memory of the pool
 };
 
 }  // namespace streamalloc

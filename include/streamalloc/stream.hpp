@@ -52,6 +52,9 @@ inline bool is_legacy_handle(CUstream s) noexcept {
 /// The ordering record of a raw stream handle, made on first use (one driver call per use).
 /// For the per-thread default stream's handle it is the calling thread's stream's record.
 inline stream_record& resolve_stream(CUstream s) {
+  // cuStreamGetId is one of the calls a global-mode capture forbids, even of the captured
+  // stream itself, and a refusal would invalidate the capture.
+  const relaxed_capture_mode relaxed;
   unsigned long long id = 0;
   if (cu::cuStreamGetId_nothrow(s, &id) == CUDA_ERROR_INVALID_CONTEXT) {
     ensure_context(0);  // the legacy or per-thread default stream of a thread with no context
@@ -172,9 +175,20 @@ class stream_ref {
   /// stream's handle is left as it is: it names the stream of whichever thread uses it, so it
   /// is looked up again on each use.
   [[nodiscard]] stream_ref resolved() const {
-    if (detail::is_per_thread_handle(stream_)) return *this;
+    if (detail::is_per_thread_handle(stream_) || record_ != nullptr) return *this;
+    // A stream being captured into a graph cannot be asked its id (CUDA refuses it, whatever
+    // the capture mode): it is looked up when used after the capture.
+    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+    if (detail::cu::cuStreamIsCapturing_nothrow(stream_, &status) == CUDA_SUCCESS &&
+        status != CU_STREAM_CAPTURE_STATUS_NONE) {
+      return *this;
+    }
     return stream_ref(stream_, &record());
   }
+
+  /// The ordering record this reference carries, without looking it up (null for a reference
+  /// made from a raw handle and not resolved).
+  [[nodiscard]] detail::stream_record* known_record() const noexcept { return record_; }
 
   /// streamalloc's ordering record of this stream (for the per-thread default stream, the
   /// calling thread's).

@@ -7,6 +7,7 @@
 #include <streamalloc/error.hpp>
 #include <streamalloc/driver.hpp>
 #include <streamalloc/stream.hpp>
+#include <streamalloc/user_object.hpp>
 #include <streamalloc/vmm.hpp>
 #include <streamalloc/pool.hpp>
 #include <streamalloc/ordering.hpp>

@@ -4,6 +4,11 @@
 // without a GPU can check what streamalloc asks of the driver: that each object is released
 // exactly once, that moved-from objects release nothing, that lookups happen once.
 //
+// Stream capture and graphs are modelled too (the section "stream capture" below): capture ids,
+// fork and join through events, the capture-interaction modes that refuse unsafe calls, graphs,
+// executable graphs and user objects with the driver's reference-count rules, whose destructors
+// run on a driver thread of their own. Tests read the bookkeeping through the fake_cuda_* hooks.
+//
 // It is a model, not the driver: the GPU tests check the real one. Environment knobs:
 //   FAKE_CUDA_DRIVER_VERSION  reported version (default 13000)
 //   FAKE_CUDA_INIT_RESULT     what cuInit returns (default 0)
@@ -21,12 +26,18 @@
 
 #include <algorithm>
 #include <atomic>
+#include <climits>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <string>
+#include <thread>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -53,6 +64,43 @@ struct mapped {
   unsigned long long host_access = 0;
 };
 
+// One stream taking part in a capture: the one that began it, or one that joined it by waiting
+// on an event recorded in it.
+struct capture_member {
+  const void* stream_key;  // see stream_view
+  bool blocking;           // synchronizes with the legacy stream
+  CUcontext ctx;
+};
+
+struct capture {
+  cuuint64_t id = 0;
+  CUgraph graph = nullptr;
+  CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+  std::thread::id began_on;
+  const void* origin = nullptr;  // the stream it must be ended on
+  bool invalidated = false;
+  std::vector<capture_member> members;  // origin first
+};
+
+using user_object_refs = std::map<CUuserObject, unsigned long long>;
+
+struct fake_graph {
+  bool capturing = false;  // still being built by a capture: not instantiable, not destroyable
+  user_object_refs refs;
+};
+
+struct fake_exec {
+  unsigned long long flags = 0;
+  user_object_refs refs;  // its own copy of its graph's references, taken at instantiation
+};
+
+struct user_object {
+  void* ptr = nullptr;
+  CUhostFn destroy = nullptr;
+  unsigned long long refs = 0;         // all references: the callers' and every graph's and exec's
+  unsigned long long caller_refs = 0;  // those owned by callers, which Release and MOVE take from
+};
+
 struct state {
   std::mutex m;
   std::map<CUdeviceptr, std::size_t> reservations;
@@ -66,6 +114,16 @@ struct state {
   std::uint64_t next_physical = 1;
   std::size_t used[8] = {};
   bool initialized = false;
+  // Stream capture and graphs.
+  std::map<cuuint64_t, capture> captures;  // begun and not yet ended
+  std::unordered_map<const void*, cuuint64_t> capturing_streams;  // stream key -> capture id
+  std::map<CUgraph, fake_graph> graphs;
+  std::map<CUgraphExec, fake_exec> execs;
+  std::map<CUuserObject, user_object> user_objects;
+  cuuint64_t next_capture_id = 1;  // 0 is never an id: callers may use it for "none"
+  // Graph, exec and user-object handles come from one counter and are never reused, so a handle
+  // used after its destroy, or a graph passed as an exec, is refused rather than misread.
+  std::uintptr_t next_graph_handle = 0x6a0000000000ULL;
 };
 
 state& S() {
@@ -156,6 +214,46 @@ CUresult need_context() {
   return current_context != nullptr ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
 }
 
+// --- capture-interaction modes: which calls a capture forbids -----------------------------
+
+// Captures begun and not yet ended, invalidated ones included. Read first by every call that a
+// capture could affect, so that without a capture they cost one atomic load and take no lock
+// (a benchmark's model calls cuStreamGetCaptureInfo on every allocation).
+std::atomic<int> active_captures{0};
+std::atomic<long long> unsafe_call_refusals{0};
+
+bool any_capture() { return active_captures.load(std::memory_order_acquire) != 0; }
+
+// The calling thread's mode, set by cuThreadExchangeStreamCaptureMode; global until changed.
+[[gnu::tls_model("initial-exec")]] thread_local CUstreamCaptureMode thread_capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+
+// For the calls the driver calls "potentially unsafe" during a capture (they act outside stream
+// order, so a graph could not replay them): refused, and the captures that forbade them
+// invalidated, as cuThreadExchangeStreamCaptureMode documents. A thread in global mode is
+// refused while it began a capture not in relaxed mode, or while another thread's capture begun
+// in global mode runs; a thread in thread_local mode only for captures it began; a thread in
+// relaxed mode never.
+CUresult refuse_if_unsafe() {
+  if (!any_capture()) return CUDA_SUCCESS;
+  const CUstreamCaptureMode mine = thread_capture_mode;
+  if (mine == CU_STREAM_CAPTURE_MODE_RELAXED) return CUDA_SUCCESS;
+  const std::thread::id self = std::this_thread::get_id();
+  std::lock_guard lock(S().m);
+  bool refused = false;
+  for (auto& [id, c] : S().captures) {
+    const bool own = c.began_on == self && c.mode != CU_STREAM_CAPTURE_MODE_RELAXED;
+    const bool anothers_global = mine == CU_STREAM_CAPTURE_MODE_GLOBAL && c.began_on != self &&
+                                 c.mode == CU_STREAM_CAPTURE_MODE_GLOBAL;
+    if (own || anothers_global) {
+      c.invalidated = true;
+      refused = true;
+    }
+  }
+  if (!refused) return CUDA_SUCCESS;
+  ++unsafe_call_refusals;
+  return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+}
+
 CUresult fake_cuGetErrorName(CUresult r, const char** s) {
   switch (r) {
     case CUDA_SUCCESS: *s = "CUDA_SUCCESS"; return CUDA_SUCCESS;
@@ -165,6 +263,16 @@ CUresult fake_cuGetErrorName(CUresult r, const char** s) {
     case CUDA_ERROR_NOT_SUPPORTED: *s = "CUDA_ERROR_NOT_SUPPORTED"; return CUDA_SUCCESS;
     case CUDA_ERROR_INVALID_HANDLE: *s = "CUDA_ERROR_INVALID_HANDLE"; return CUDA_SUCCESS;
     case CUDA_ERROR_NO_DEVICE: *s = "CUDA_ERROR_NO_DEVICE"; return CUDA_SUCCESS;
+    case CUDA_ERROR_NOT_PERMITTED: *s = "CUDA_ERROR_NOT_PERMITTED"; return CUDA_SUCCESS;
+    case CUDA_ERROR_ILLEGAL_STATE: *s = "CUDA_ERROR_ILLEGAL_STATE"; return CUDA_SUCCESS;
+    case CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: *s = "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"; return CUDA_SUCCESS;
+    case CUDA_ERROR_STREAM_CAPTURE_INVALIDATED: *s = "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED"; return CUDA_SUCCESS;
+    case CUDA_ERROR_STREAM_CAPTURE_MERGE: *s = "CUDA_ERROR_STREAM_CAPTURE_MERGE"; return CUDA_SUCCESS;
+    case CUDA_ERROR_STREAM_CAPTURE_UNMATCHED: *s = "CUDA_ERROR_STREAM_CAPTURE_UNMATCHED"; return CUDA_SUCCESS;
+    case CUDA_ERROR_STREAM_CAPTURE_ISOLATION: *s = "CUDA_ERROR_STREAM_CAPTURE_ISOLATION"; return CUDA_SUCCESS;
+    case CUDA_ERROR_STREAM_CAPTURE_IMPLICIT: *s = "CUDA_ERROR_STREAM_CAPTURE_IMPLICIT"; return CUDA_SUCCESS;
+    case CUDA_ERROR_CAPTURED_EVENT: *s = "CUDA_ERROR_CAPTURED_EVENT"; return CUDA_SUCCESS;
+    case CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD: *s = "CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD"; return CUDA_SUCCESS;
     default: *s = nullptr; return CUDA_ERROR_INVALID_VALUE;
   }
 }
@@ -205,6 +313,7 @@ CUresult fake_cuMemGetAllocationGranularity(std::size_t* g, const CUmemAllocatio
 CUresult fake_cuMemAddressReserve(CUdeviceptr* p, std::size_t size, std::size_t alignment,
                                   CUdeviceptr hint, unsigned long long flags) {
   if (CUresult r = need_context()) return r;
+  if (CUresult r = refuse_if_unsafe()) return r;
   if (size == 0 || size % 4096 != 0 || flags != 0 || (alignment & (alignment - 1)) != 0)
     return CUDA_ERROR_INVALID_VALUE;
   const char* space = std::getenv("FAKE_CUDA_ADDRESS_SPACE");
@@ -255,6 +364,7 @@ void maybe_free(std::uint64_t id) {
 CUresult fake_cuMemCreate(CUmemGenericAllocationHandle* h, std::size_t size,
                           const CUmemAllocationProp* p, unsigned long long flags) {
   if (CUresult r = need_context()) return r;
+  if (CUresult r = refuse_if_unsafe()) return r;
   if (p == nullptr || flags != 0 || size == 0 || size % granularity != 0) return CUDA_ERROR_INVALID_VALUE;
   if (env_int("FAKE_CUDA_NO_VMM", 0)) return CUDA_ERROR_NOT_SUPPORTED;
   if (p->location.type == CU_MEM_LOCATION_TYPE_DEVICE && (p->location.id < 0 || p->location.id >= devices()))
@@ -288,6 +398,7 @@ CUresult fake_cuMemRelease(CUmemGenericAllocationHandle h) {
 CUresult fake_cuMemMap(CUdeviceptr p, std::size_t size, std::size_t offset,
                        CUmemGenericAllocationHandle h, unsigned long long flags) {
   if (CUresult r = need_context()) return r;
+  if (CUresult r = refuse_if_unsafe()) return r;
   if (flags != 0 || size == 0 || p % granularity != 0 || size % granularity != 0 || offset % granularity != 0)
     return CUDA_ERROR_INVALID_VALUE;
   std::lock_guard lock(S().m);
@@ -431,34 +542,97 @@ CUresult fake_cuCtxPopCurrent(CUcontext* c) {
   }
   return CUDA_SUCCESS;
 }
-CUresult fake_cuCtxSynchronize() { return need_context(); }
+CUresult fake_cuCtxSynchronize() {
+  if (CUresult r = need_context()) return r;
+  return refuse_if_unsafe();
+}
 
 struct fake_stream {
   unsigned long long id;
   CUcontext ctx;
+  unsigned flags;
 };
 std::atomic<unsigned long long> next_stream_id{100};
 std::atomic<int> live_streams{0};
 std::atomic<int> live_events{0};
 
-CUresult fake_cuStreamCreateWithPriority(CUstream* s, unsigned, int) {
+// The per-thread default stream is a stream of its own in every thread; the address of this
+// thread-local names the calling thread's one.
+[[gnu::tls_model("initial-exec")]] thread_local char per_thread_stream_key = 0;
+
+// What the capture model needs to know of a stream handle.
+struct stream_view {
+  bool legacy;             // handle 0 (the fake serves the legacy-stream ABI) or CU_STREAM_LEGACY
+  const void* stream_key;  // identity for capture membership; null for the legacy stream
+  bool blocking;           // synchronizes with the legacy stream (not CU_STREAM_NON_BLOCKING)
+  CUcontext ctx;
+};
+
+stream_view view_of(CUstream s) {
+  if (s == nullptr || s == CU_STREAM_LEGACY) return {true, nullptr, true, current_context};
+  if (s == CU_STREAM_PER_THREAD) return {false, &per_thread_stream_key, true, current_context};
+  const auto* fs = reinterpret_cast<const fake_stream*>(s);
+  return {false, fs, (fs->flags & CU_STREAM_NON_BLOCKING) == 0, fs->ctx};
+}
+
+// The capture `stream_key` takes part in, or null. Called with S().m held, as are the helpers
+// below that take or return a capture.
+capture* capture_of_locked(const void* stream_key) {
+  auto it = S().capturing_streams.find(stream_key);
+  return it == S().capturing_streams.end() ? nullptr : &S().captures.at(it->second);
+}
+
+// The legacy stream synchronizes with every blocking stream of its context, so using it while
+// one of them captures would make captured work depend on work outside the capture
+// (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT). Work submitted to it invalidates those captures; a mere
+// query of its capture status does not (cuStreamIsCapturing documents both).
+bool legacy_conflicts_locked(CUcontext ctx, bool invalidate) {
+  bool conflict = false;
+  for (auto& [id, c] : S().captures) {
+    for (const capture_member& m : c.members) {
+      if (m.blocking && m.ctx == ctx) {
+        conflict = true;
+        if (invalidate) c.invalidated = true;
+        break;
+      }
+    }
+  }
+  return conflict;
+}
+
+CUresult fake_cuStreamCreateWithPriority(CUstream* s, unsigned flags, int) {
   if (CUresult r = need_context()) return r;
-  *s = reinterpret_cast<CUstream>(new fake_stream{next_stream_id++, current_context});
+  *s = reinterpret_cast<CUstream>(new fake_stream{next_stream_id++, current_context, flags});
   ++live_streams;
   return CUDA_SUCCESS;
 }
 CUresult fake_cuStreamDestroy(CUstream s) {
   if (s == nullptr || reinterpret_cast<std::uintptr_t>(s) <= 2) return CUDA_ERROR_INVALID_HANDLE;
+  if (any_capture()) {
+    // A capture keeps its streams by address; destroying one in the middle would leave the
+    // capture naming a dead stream, so the fake refuses and invalidates the capture.
+    std::lock_guard lock(S().m);
+    if (capture* c = capture_of_locked(s)) {
+      c->invalidated = true;
+      return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    }
+  }
   delete reinterpret_cast<fake_stream*>(s);
   --live_streams;
   return CUDA_SUCCESS;
 }
+CUresult fake_cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus* status);
 CUresult fake_cuStreamGetId(CUstream s, unsigned long long* id) {
   const auto v = reinterpret_cast<std::uintptr_t>(s);
   if (v <= 2) {  // the default streams of the current context
     if (CUresult r = need_context()) return r;
     *id = 1 + v;
     return CUDA_SUCCESS;
+  }
+  // As measured on the H100 (driver 580): refused for a capturing stream, in every mode.
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  if (fake_cuStreamIsCapturing(s, &status) == CUDA_SUCCESS && status != CU_STREAM_CAPTURE_STATUS_NONE) {
+    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   }
   *id = reinterpret_cast<fake_stream*>(s)->id;
   return CUDA_SUCCESS;
@@ -472,24 +646,468 @@ CUresult fake_cuStreamGetCtx(CUstream s, CUcontext* c) {
   *c = reinterpret_cast<fake_stream*>(s)->ctx;
   return CUDA_SUCCESS;
 }
-CUresult fake_cuStreamSynchronize(CUstream) { return need_init(); }
-CUresult fake_cuStreamQuery(CUstream) { return need_init(); }
-CUresult fake_cuStreamWaitEvent(CUstream, CUevent e, unsigned) { return e == nullptr ? CUDA_ERROR_INVALID_HANDLE : CUDA_SUCCESS; }
+
+// cuStreamSynchronize and cuStreamQuery: the host waiting for a stream. Potentially unsafe for
+// the capture modes; on a capturing stream always refused, since the work waited for does not
+// run until the graph does, and the capture is invalidated.
+CUresult host_waits_for_stream(CUstream s) {
+  if (CUresult r = need_init()) return r;
+  if (CUresult r = refuse_if_unsafe()) return r;
+  if (!any_capture()) return CUDA_SUCCESS;
+  const stream_view v = view_of(s);
+  std::lock_guard lock(S().m);
+  if (v.legacy) return legacy_conflicts_locked(v.ctx, true) ? CUDA_ERROR_STREAM_CAPTURE_IMPLICIT : CUDA_SUCCESS;
+  if (capture* c = capture_of_locked(v.stream_key)) {
+    c->invalidated = true;
+    ++unsafe_call_refusals;
+    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  }
+  return CUDA_SUCCESS;
+}
+CUresult fake_cuStreamSynchronize(CUstream s) { return host_waits_for_stream(s); }
+CUresult fake_cuStreamQuery(CUstream s) { return host_waits_for_stream(s); }
+
+// An event's last record: never recorded, recorded for real (outside any capture), or recorded
+// into the capture with that id, which makes it a node of that capture's graph, not a point in
+// a stream the host can wait for. Atomic, so recording outside a capture takes no lock.
+constexpr cuuint64_t never_recorded = 0;
+constexpr cuuint64_t recorded_outside_capture = ~cuuint64_t{0};
+bool is_capture_id(cuuint64_t last_record) {
+  return last_record != never_recorded && last_record != recorded_outside_capture;
+}
+struct fake_event {
+  std::atomic<cuuint64_t> last_record{never_recorded};
+};
+fake_event& event_of(CUevent e) { return *reinterpret_cast<fake_event*>(e); }
+std::atomic<long long> captured_event_records{0};
+
 CUresult fake_cuEventCreate(CUevent* e, unsigned) {
   if (CUresult r = need_context()) return r;
-  *e = reinterpret_cast<CUevent>(new int(0));
+  *e = reinterpret_cast<CUevent>(new fake_event);
   ++live_events;
   return CUDA_SUCCESS;
 }
 CUresult fake_cuEventDestroy(CUevent e) {
   if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
-  delete reinterpret_cast<int*>(e);
+  delete &event_of(e);
   --live_events;
   return CUDA_SUCCESS;
 }
-CUresult fake_cuEventRecord(CUevent e, CUstream) { return e == nullptr ? CUDA_ERROR_INVALID_HANDLE : CUDA_SUCCESS; }
-CUresult fake_cuEventQuery(CUevent e) { return e == nullptr ? CUDA_ERROR_INVALID_HANDLE : CUDA_SUCCESS; }
-CUresult fake_cuEventSynchronize(CUevent e) { return e == nullptr ? CUDA_ERROR_INVALID_HANDLE : CUDA_SUCCESS; }
+
+CUresult fake_cuEventRecord(CUevent e, CUstream s) {
+  if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  fake_event& ev = event_of(e);
+  if (!any_capture()) {
+    ev.last_record = recorded_outside_capture;
+    return CUDA_SUCCESS;
+  }
+  const stream_view v = view_of(s);
+  std::lock_guard lock(S().m);
+  if (v.legacy && legacy_conflicts_locked(v.ctx, true)) return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+  capture* c = v.legacy ? nullptr : capture_of_locked(v.stream_key);
+  if (c == nullptr) {
+    ev.last_record = recorded_outside_capture;
+    return CUDA_SUCCESS;
+  }
+  if (c->invalidated) return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+  ev.last_record = c->id;
+  ++captured_event_records;
+  return CUDA_SUCCESS;
+}
+
+// A wait joins captures and streams: a stream outside any capture that waits on an event
+// recorded in capture C becomes part of C (a fork); a capturing stream may wait only on events
+// of its own capture, or on one never recorded (an empty set of work).
+CUresult fake_cuStreamWaitEvent(CUstream s, CUevent e, unsigned flags) {
+  if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if ((flags & ~unsigned{CU_EVENT_WAIT_EXTERNAL}) != 0) return CUDA_ERROR_INVALID_VALUE;
+  const cuuint64_t last = event_of(e).last_record.load();
+  if (!any_capture()) {
+    if (flags != 0) return CUDA_ERROR_INVALID_VALUE;  // external waits exist only in captures
+    // The capture that recorded it has ended: there is nothing in any stream to wait for.
+    return is_capture_id(last) ? CUDA_ERROR_CAPTURED_EVENT : CUDA_SUCCESS;
+  }
+  const stream_view v = view_of(s);
+  std::lock_guard lock(S().m);
+  if (v.legacy && legacy_conflicts_locked(v.ctx, true)) return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+  capture* waiter = v.legacy ? nullptr : capture_of_locked(v.stream_key);
+  if (flags != 0) {  // an external event node: no dependency on other work, any event will do
+    if (waiter == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    return waiter->invalidated ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED : CUDA_SUCCESS;
+  }
+  capture* recorder = nullptr;
+  if (is_capture_id(last)) {
+    auto it = S().captures.find(last);
+    if (it != S().captures.end()) recorder = &it->second;
+  }
+  if (waiter != nullptr) {
+    if (waiter->invalidated) return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    if (last == never_recorded || recorder == waiter) return CUDA_SUCCESS;
+    waiter->invalidated = true;
+    if (recorder != nullptr) {
+      recorder->invalidated = true;
+      return CUDA_ERROR_STREAM_CAPTURE_MERGE;
+    }
+    return CUDA_ERROR_STREAM_CAPTURE_ISOLATION;  // recorded outside, or in a capture now ended
+  }
+  if (recorder != nullptr) {
+    if (v.legacy) {  // the legacy stream cannot take part in a capture
+      recorder->invalidated = true;
+      return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    }
+    if (recorder->invalidated) return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    S().capturing_streams[v.stream_key] = recorder->id;
+    recorder->members.push_back({v.stream_key, v.blocking, v.ctx});
+    return CUDA_SUCCESS;
+  }
+  return is_capture_id(last) ? CUDA_ERROR_CAPTURED_EVENT : CUDA_SUCCESS;
+}
+
+// cuEventQuery and cuEventSynchronize: potentially unsafe for the capture modes; and an event
+// last recorded in a capture stands for graph nodes, which no host call can wait for, in any
+// mode (cuThreadExchangeStreamCaptureMode names this case).
+CUresult host_waits_for_event(CUevent e) {
+  if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (CUresult r = refuse_if_unsafe()) return r;
+  return is_capture_id(event_of(e).last_record.load()) ? CUDA_ERROR_CAPTURED_EVENT : CUDA_SUCCESS;
+}
+CUresult fake_cuEventQuery(CUevent e) { return host_waits_for_event(e); }
+CUresult fake_cuEventSynchronize(CUevent e) { return host_waits_for_event(e); }
+
+// --- the driver's internal thread: user-object destructors run there --------------------------
+
+// The real driver runs user-object destructors asynchronously on an internal thread, and they
+// may not call CUDA. The fake does the same with one worker and a queue, so a test sees a
+// destructor that assumed it runs on the releasing thread, or that calls the driver.
+[[gnu::tls_model("initial-exec")]] thread_local bool on_driver_thread = false;
+std::atomic<long long> destructors_run{0};
+std::atomic<long long> driver_thread_violations{0};
+
+class driver_thread {
+ public:
+  // Built after S(), so destroyed before it: no destructor still running can outlive the state.
+  driver_thread() { (void)S(); }
+
+  // Joined at library unload (process exit: the library is never closed), after the queue is
+  // drained, so the sanitizers see no thread left running. A forked child has no worker.
+  ~driver_thread() {
+    if (worker_ == nullptr || owner_ != ::getpid()) return;
+    {
+      std::lock_guard lock(m_);
+      stopping_ = true;
+    }
+    work_.notify_all();
+    worker_->join();
+    delete worker_;
+  }
+
+  void post(CUhostFn fn, void* arg) {
+    std::lock_guard lock(m_);
+    if (worker_ == nullptr) {  // started on first use: tests without user objects start no thread
+      owner_ = ::getpid();
+      worker_ = new std::thread([this] { run(); });
+    }
+    queue_.emplace_back(fn, arg);
+    work_.notify_one();
+  }
+
+  void quiesce() {
+    std::unique_lock lock(m_);
+    idle_.wait(lock, [&] { return queue_.empty() && !running_; });
+  }
+
+ private:
+  void run() {
+    on_driver_thread = true;
+    std::unique_lock lock(m_);
+    for (;;) {
+      work_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, and nothing left to run
+      auto [fn, arg] = queue_.front();
+      queue_.pop_front();
+      running_ = true;
+      lock.unlock();  // a destructor may take its own locks, or post (through a release) again
+      fn(arg);
+      ++destructors_run;
+      lock.lock();
+      running_ = false;
+      if (queue_.empty()) idle_.notify_all();
+    }
+  }
+
+  std::mutex m_;
+  std::condition_variable work_;
+  std::condition_variable idle_;
+  std::deque<std::pair<CUhostFn, void*>> queue_;
+  bool running_ = false;
+  bool stopping_ = false;
+  std::thread* worker_ = nullptr;  // a pointer, so a forked child can leave it unjoined
+  pid_t owner_ = 0;
+};
+
+driver_thread& D() {
+  static driver_thread d;
+  return d;
+}
+
+// --- stream capture ---------------------------------------------------------------------------
+
+template <class Handle>
+Handle new_graph_handle_locked() {
+  S().next_graph_handle += 0x10;
+  return reinterpret_cast<Handle>(S().next_graph_handle);
+}
+
+void release_user_object_locked(CUuserObject obj, unsigned long long count) {
+  auto it = S().user_objects.find(obj);
+  it->second.refs -= count;
+  if (it->second.refs == 0) {
+    D().post(it->second.destroy, it->second.ptr);
+    S().user_objects.erase(it);
+  }
+}
+
+void release_all_locked(const user_object_refs& refs) {
+  for (const auto& [obj, count] : refs) release_user_object_locked(obj, count);
+}
+
+void destroy_graph_locked(std::map<CUgraph, fake_graph>::iterator g) {
+  release_all_locked(g->second.refs);
+  S().graphs.erase(g);
+}
+
+CUresult fake_cuStreamBeginCapture(CUstream s, CUstreamCaptureMode mode) {
+  if (CUresult r = need_init()) return r;
+  if (static_cast<unsigned>(mode) > CU_STREAM_CAPTURE_MODE_RELAXED) return CUDA_ERROR_INVALID_VALUE;
+  const stream_view v = view_of(s);
+  if (v.legacy) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  std::lock_guard lock(S().m);
+  if (S().capturing_streams.count(v.stream_key) != 0) return CUDA_ERROR_ILLEGAL_STATE;
+  capture c;
+  c.id = S().next_capture_id++;
+  c.graph = new_graph_handle_locked<CUgraph>();
+  c.mode = mode;
+  c.began_on = std::this_thread::get_id();
+  c.origin = v.stream_key;
+  c.members.push_back({v.stream_key, v.blocking, v.ctx});
+  S().graphs[c.graph].capturing = true;
+  S().capturing_streams[v.stream_key] = c.id;
+  S().captures.emplace(c.id, std::move(c));
+  active_captures.fetch_add(1, std::memory_order_release);
+  return CUDA_SUCCESS;
+}
+
+CUresult fake_cuStreamEndCapture(CUstream s, CUgraph* graph_out) {
+  if (CUresult r = need_init()) return r;
+  if (graph_out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  const stream_view v = view_of(s);
+  if (v.legacy) return CUDA_ERROR_ILLEGAL_STATE;
+  std::lock_guard lock(S().m);
+  capture* c = capture_of_locked(v.stream_key);
+  if (c == nullptr) return CUDA_ERROR_ILLEGAL_STATE;
+  if (c->origin != v.stream_key) {  // a stream that joined the capture, not the one that began it
+    c->invalidated = true;
+    return CUDA_ERROR_STREAM_CAPTURE_UNMATCHED;
+  }
+  if (c->mode != CU_STREAM_CAPTURE_MODE_RELAXED && c->began_on != std::this_thread::get_id())
+    return CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD;
+  for (const capture_member& m : c->members) S().capturing_streams.erase(m.stream_key);
+  const CUgraph graph = c->graph;
+  const bool invalidated = c->invalidated;
+  S().captures.erase(c->id);
+  active_captures.fetch_sub(1, std::memory_order_release);
+  auto g = S().graphs.find(graph);
+  g->second.capturing = false;
+  if (invalidated) {  // the graph dies with the capture, and its user-object references with it
+    destroy_graph_locked(g);
+    *graph_out = nullptr;
+    return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+  }
+  *graph_out = graph;
+  return CUDA_SUCCESS;
+}
+
+// The nodes a capture would hang the next one on are not modelled: an active capture reports
+// no dependencies. Out-parameters other than the status are written only for an active capture,
+// the only case in which the driver promises them.
+CUresult fake_cuStreamGetCaptureInfo(CUstream s, CUstreamCaptureStatus* status, cuuint64_t* id,
+                                     CUgraph* graph, const CUgraphNode** dependencies,
+                                     const CUgraphEdgeData** edge_data, std::size_t* dependency_count) {
+  if (status == nullptr || (edge_data != nullptr && dependencies == nullptr)) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult r = need_init()) return r;
+  if (!any_capture()) {
+    *status = CU_STREAM_CAPTURE_STATUS_NONE;
+    return CUDA_SUCCESS;
+  }
+  const stream_view v = view_of(s);
+  std::lock_guard lock(S().m);
+  if (v.legacy) {
+    if (legacy_conflicts_locked(v.ctx, false)) return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+    *status = CU_STREAM_CAPTURE_STATUS_NONE;
+    return CUDA_SUCCESS;
+  }
+  const capture* c = capture_of_locked(v.stream_key);
+  if (c == nullptr) {
+    *status = CU_STREAM_CAPTURE_STATUS_NONE;
+    return CUDA_SUCCESS;
+  }
+  if (c->invalidated) {
+    *status = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+    return CUDA_SUCCESS;
+  }
+  *status = CU_STREAM_CAPTURE_STATUS_ACTIVE;
+  if (id != nullptr) *id = c->id;
+  if (graph != nullptr) *graph = c->graph;
+  if (dependencies != nullptr) *dependencies = nullptr;
+  if (edge_data != nullptr) *edge_data = nullptr;
+  if (dependency_count != nullptr) *dependency_count = 0;
+  return CUDA_SUCCESS;
+}
+
+CUresult fake_cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus* status) {
+  return fake_cuStreamGetCaptureInfo(s, status, nullptr, nullptr, nullptr, nullptr, nullptr);
+}
+
+CUresult fake_cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode* mode) {
+  if (CUresult r = need_init()) return r;
+  if (mode == nullptr || static_cast<unsigned>(*mode) > CU_STREAM_CAPTURE_MODE_RELAXED)
+    return CUDA_ERROR_INVALID_VALUE;
+  std::swap(*mode, thread_capture_mode);
+  return CUDA_SUCCESS;
+}
+
+// --- graphs and executable graphs -------------------------------------------------------------
+
+std::atomic<long long> graph_launches{0};
+std::atomic<long long> graph_uploads{0};
+
+CUresult fake_cuGraphDestroy(CUgraph graph) {
+  if (CUresult r = need_init()) return r;
+  std::lock_guard lock(S().m);
+  auto g = S().graphs.find(graph);
+  // A capture owns its graph until cuStreamEndCapture hands it over.
+  if (g == S().graphs.end() || g->second.capturing) return CUDA_ERROR_INVALID_VALUE;
+  destroy_graph_locked(g);
+  return CUDA_SUCCESS;
+}
+
+CUresult fake_cuGraphInstantiateWithFlags(CUgraphExec* exec_out, CUgraph graph, unsigned long long flags) {
+  if (CUresult r = need_context()) return r;
+  constexpr unsigned long long valid = CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH |
+                                       CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH |
+                                       CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY;
+  if (exec_out == nullptr || (flags & ~valid) != 0 ||
+      ((flags & CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH) && (flags & CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH)))
+    return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard lock(S().m);
+  auto g = S().graphs.find(graph);
+  if (g == S().graphs.end() || g->second.capturing) return CUDA_ERROR_INVALID_VALUE;
+  // The exec holds references of its own, so the graph may be destroyed while the exec lives.
+  for (const auto& [obj, count] : g->second.refs) S().user_objects.at(obj).refs += count;
+  const CUgraphExec exec = new_graph_handle_locked<CUgraphExec>();
+  S().execs[exec] = fake_exec{flags, g->second.refs};
+  *exec_out = exec;
+  return CUDA_SUCCESS;
+}
+
+CUresult fake_cuGraphExecDestroy(CUgraphExec exec) {
+  if (CUresult r = need_init()) return r;
+  std::lock_guard lock(S().m);
+  auto x = S().execs.find(exec);
+  if (x == S().execs.end()) return CUDA_ERROR_INVALID_VALUE;
+  // The device has finished every launch already, so the references go now, not on completion.
+  release_all_locked(x->second.refs);
+  S().execs.erase(x);
+  return CUDA_SUCCESS;
+}
+
+// A launch or upload into a stream: counted when it runs; into a capturing stream it becomes part
+// of that capture's graph instead.
+CUresult submit_exec(CUgraphExec exec, CUstream s, std::atomic<long long>& counter) {
+  if (CUresult r = need_init()) return r;
+  const stream_view v = view_of(s);
+  std::lock_guard lock(S().m);
+  if (S().execs.count(exec) == 0) return CUDA_ERROR_INVALID_VALUE;
+  if (v.legacy && legacy_conflicts_locked(v.ctx, true)) return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+  if (const capture* c = v.legacy ? nullptr : capture_of_locked(v.stream_key))
+    return c->invalidated ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED : CUDA_SUCCESS;
+  ++counter;
+  return CUDA_SUCCESS;
+}
+CUresult fake_cuGraphLaunch(CUgraphExec exec, CUstream s) { return submit_exec(exec, s, graph_launches); }
+CUresult fake_cuGraphUpload(CUgraphExec exec, CUstream s) { return submit_exec(exec, s, graph_uploads); }
+
+// --- user objects -----------------------------------------------------------------------------
+
+bool valid_count(unsigned count) { return count != 0 && count <= INT_MAX; }
+
+CUresult fake_cuUserObjectCreate(CUuserObject* out, void* ptr, CUhostFn destroy, unsigned initial_refcount,
+                                 unsigned flags) {
+  if (CUresult r = need_init()) return r;
+  if (out == nullptr || destroy == nullptr || !valid_count(initial_refcount) ||
+      flags != CU_USER_OBJECT_NO_DESTRUCTOR_SYNC)
+    return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard lock(S().m);
+  const CUuserObject obj = new_graph_handle_locked<CUuserObject>();
+  S().user_objects[obj] = user_object{ptr, destroy, initial_refcount, initial_refcount};
+  *out = obj;
+  return CUDA_SUCCESS;
+}
+
+CUresult fake_cuUserObjectRetain(CUuserObject obj, unsigned count) {
+  if (CUresult r = need_init()) return r;
+  std::lock_guard lock(S().m);
+  auto it = S().user_objects.find(obj);
+  if (it == S().user_objects.end() || !valid_count(count)) return CUDA_ERROR_INVALID_VALUE;
+  it->second.refs += count;
+  it->second.caller_refs += count;
+  return CUDA_SUCCESS;
+}
+
+// Releasing references the callers do not own is undefined in the driver; the fake refuses it.
+CUresult fake_cuUserObjectRelease(CUuserObject obj, unsigned count) {
+  if (CUresult r = need_init()) return r;
+  std::lock_guard lock(S().m);
+  auto it = S().user_objects.find(obj);
+  if (it == S().user_objects.end() || !valid_count(count) || count > it->second.caller_refs)
+    return CUDA_ERROR_INVALID_VALUE;
+  it->second.caller_refs -= count;
+  release_user_object_locked(obj, count);
+  return CUDA_SUCCESS;
+}
+
+// A graph being captured may take references too (through the graph cuStreamGetCaptureInfo
+// reports); they pass to the graph cuStreamEndCapture returns, or die with an invalidated capture.
+CUresult fake_cuGraphRetainUserObject(CUgraph graph, CUuserObject obj, unsigned count, unsigned flags) {
+  if (CUresult r = need_init()) return r;
+  std::lock_guard lock(S().m);
+  auto g = S().graphs.find(graph);
+  auto it = S().user_objects.find(obj);
+  if (g == S().graphs.end() || it == S().user_objects.end() || !valid_count(count) ||
+      (flags & ~unsigned{CU_GRAPH_USER_OBJECT_MOVE}) != 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  if (flags & CU_GRAPH_USER_OBJECT_MOVE) {
+    if (count > it->second.caller_refs) return CUDA_ERROR_INVALID_VALUE;
+    it->second.caller_refs -= count;
+  } else {
+    it->second.refs += count;
+  }
+  g->second.refs[obj] += count;
+  return CUDA_SUCCESS;
+}
+
+CUresult fake_cuGraphReleaseUserObject(CUgraph graph, CUuserObject obj, unsigned count) {
+  if (CUresult r = need_init()) return r;
+  std::lock_guard lock(S().m);
+  auto g = S().graphs.find(graph);
+  if (g == S().graphs.end() || !valid_count(count)) return CUDA_ERROR_INVALID_VALUE;
+  auto held = g->second.refs.find(obj);
+  if (held == g->second.refs.end() || held->second < count) return CUDA_ERROR_INVALID_VALUE;
+  held->second -= count;
+  if (held->second == 0) g->second.refs.erase(held);
+  release_user_object_locked(obj, count);
+  return CUDA_SUCCESS;
+}
 
 // The real driver hands out a newer ABI under the same name when asked for a new enough
 // version (cuStreamGetCtx_v2 from 12.5, cuCtxGetDevice_v2 and cuCtxSynchronize_v2 from 13.0).
@@ -502,12 +1120,33 @@ struct versioned {
 };
 constexpr versioned newer_abis[] = {{"cuStreamGetCtx", 12050}, {"cuCtxGetDevice", 13000}, {"cuCtxSynchronize", 13000}};
 
+// Likewise for older ABIs: asked for a version before `since`, the driver hands out an older
+// signature under the same name (cuStreamGetCaptureInfo without edge data before 12.3, and with
+// neither graph nor dependencies before 11.3; cuStreamBeginCapture without a mode before 10.1).
+CUresult fake_older_abi() { return CUDA_ERROR_NOT_SUPPORTED; }
+constexpr versioned older_abis[] = {{"cuStreamGetCaptureInfo", 12030}, {"cuStreamBeginCapture", 10010}};
+
 struct symbol {
   const char* name;
   void* fn;
 };
 
-#define FAKE(name) symbol{#name, reinterpret_cast<void*>(&fake_##name)}
+// Every entry point, seen from the driver thread: a user-object destructor may not call CUDA,
+// so a call from there is counted and refused instead of served.
+template <auto Fn>
+struct refused_on_driver_thread;
+template <class... Args, CUresult (*Fn)(Args...)>
+struct refused_on_driver_thread<Fn> {
+  static CUresult call(Args... args) {
+    if (on_driver_thread) [[unlikely]] {
+      ++driver_thread_violations;
+      return CUDA_ERROR_NOT_PERMITTED;
+    }
+    return Fn(args...);
+  }
+};
+
+#define FAKE(name) symbol{#name, reinterpret_cast<void*>(&refused_on_driver_thread<&fake_##name>::call)}
 const symbol symbols[] = {
     FAKE(cuInit), FAKE(cuDriverGetVersion), FAKE(cuDeviceGetCount), FAKE(cuDeviceGet),
     FAKE(cuDeviceGetName), FAKE(cuDeviceGetAttribute), FAKE(cuDevicePrimaryCtxRetain),
@@ -520,7 +1159,12 @@ const symbol symbols[] = {
     FAKE(cuCtxSynchronize), FAKE(cuStreamCreateWithPriority), FAKE(cuStreamDestroy),
     FAKE(cuStreamGetId), FAKE(cuStreamGetCtx), FAKE(cuStreamSynchronize), FAKE(cuStreamQuery),
     FAKE(cuStreamWaitEvent), FAKE(cuEventCreate), FAKE(cuEventDestroy), FAKE(cuEventRecord),
-    FAKE(cuEventQuery), FAKE(cuEventSynchronize),
+    FAKE(cuEventQuery), FAKE(cuEventSynchronize), FAKE(cuStreamGetCaptureInfo),
+    FAKE(cuStreamIsCapturing), FAKE(cuThreadExchangeStreamCaptureMode), FAKE(cuStreamBeginCapture),
+    FAKE(cuStreamEndCapture), FAKE(cuGraphInstantiateWithFlags), FAKE(cuGraphLaunch),
+    FAKE(cuGraphUpload), FAKE(cuGraphExecDestroy), FAKE(cuGraphDestroy), FAKE(cuUserObjectCreate),
+    FAKE(cuUserObjectRetain), FAKE(cuUserObjectRelease), FAKE(cuGraphRetainUserObject),
+    FAKE(cuGraphReleaseUserObject),
 };
 #undef FAKE
 
@@ -530,6 +1174,7 @@ extern "C" {
 
 __attribute__((visibility("default"))) CUresult cuGetProcAddress_v2(
     const char* name, void** fn, int version, cuuint64_t, CUdriverProcAddressQueryResult* status) {
+  if (on_driver_thread) ++driver_thread_violations;  // served all the same: it calls no entry point
   {
     std::lock_guard lock(S().m);
     S().lookups[name]++;
@@ -539,6 +1184,13 @@ __attribute__((visibility("default"))) CUresult cuGetProcAddress_v2(
     if (std::strcmp(v.name, name) == 0 && version >= v.since) {
       *fn = reinterpret_cast<void*>(&fake_newer_abi);
       if (status) *status = CU_GET_PROC_ADDRESS_SUCCESS;
+      return CUDA_SUCCESS;
+    }
+  }
+  for (const versioned& v : older_abis) {
+    if (std::strcmp(v.name, name) == 0 && version < v.since) {
+      *fn = reinterpret_cast<void*>(&fake_older_abi);
+      if (status) *status = version >= 12000 ? CU_GET_PROC_ADDRESS_SUCCESS : CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT;
       return CUDA_SUCCESS;
     }
   }
@@ -570,6 +1222,54 @@ __attribute__((visibility("default"))) fake_cuda_counts fake_cuda_live() {
   return {static_cast<int>(S().reservations.size()), static_cast<int>(S().handles.size()),
           static_cast<int>(S().physicals.size()), static_cast<int>(S().mappings.size()),
           S().used[0], live_streams.load(), live_events.load()};
+}
+
+/// For the tests: the stream-capture and graph bookkeeping. Alive counts are objects that exist
+/// now; the others count events since the library was loaded.
+struct fake_cuda_graph_counts {
+  int active_captures;  ///< begun and not yet ended, invalidated ones included
+  int graphs;           ///< graphs alive, those still being captured included
+  int execs;            ///< executable graphs alive
+  int user_objects;     ///< user objects with references left
+  long long destructors_run;                ///< user-object destructors run on the driver thread
+  long long launches;                       ///< cuGraphLaunch calls that ran (not captured ones)
+  long long uploads;                        ///< cuGraphUpload calls likewise
+  long long captured_event_records;         ///< cuEventRecord calls captured into a graph
+  long long unsafe_call_refusals;           ///< calls refused with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+  long long destructor_thread_violations;   ///< driver calls made from a user-object destructor
+};
+
+__attribute__((visibility("default"))) fake_cuda_graph_counts fake_cuda_graphs() {
+  std::lock_guard lock(S().m);
+  return {active_captures.load(),
+          static_cast<int>(S().graphs.size()),
+          static_cast<int>(S().execs.size()),
+          static_cast<int>(S().user_objects.size()),
+          destructors_run.load(),
+          graph_launches.load(),
+          graph_uploads.load(),
+          captured_event_records.load(),
+          unsafe_call_refusals.load(),
+          driver_thread_violations.load()};
+}
+
+/// For the tests: waits until every user-object destructor queued so far has run (the driver
+/// runs them asynchronously; this is the synchronization it does not offer).
+__attribute__((visibility("default"))) void fake_cuda_quiesce() { D().quiesce(); }
+
+/// For the tests: all references `obj` has now (its callers', graphs' and execs'), or -1 once
+/// they are all gone.
+__attribute__((visibility("default"))) long long fake_cuda_user_object_refs(CUuserObject obj) {
+  std::lock_guard lock(S().m);
+  auto it = S().user_objects.find(obj);
+  return it == S().user_objects.end() ? -1 : static_cast<long long>(it->second.refs);
+}
+
+/// For the tests: the flags `exec` was instantiated with, or -1 if there is no such exec.
+__attribute__((visibility("default"))) long long fake_cuda_exec_flags(CUgraphExec exec) {
+  std::lock_guard lock(S().m);
+  auto it = S().execs.find(exec);
+  return it == S().execs.end() ? -1 : static_cast<long long>(it->second.flags);
 }
 
 /// For the tests: how many times cuGetProcAddress was asked for `name`.

@@ -177,6 +177,10 @@ class harness;
 struct fuzz_backend {
   using handle = sim_backend::handle;
   using event = sim_backend::event;
+  struct capture_guard {
+    explicit capture_guard(fuzz_backend&) noexcept {}
+  };
+  bool capturing(const stream_key&) noexcept { return false; }
   sim_backend sim;
   harness* h;
 

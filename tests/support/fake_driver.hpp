@@ -45,4 +45,42 @@ inline int fake_lookups(const char* name) {
   return reinterpret_cast<int (*)(const char*)>(sym)(name);
 }
 
+/// The fake's stream-capture and graph bookkeeping (fake_cuda_graph_counts there, field for
+/// field). Alive counts are objects that exist now; the others count since the fake was loaded,
+/// so tests compare differences.
+struct fake_graph_counts {
+  int active_captures;  // begun and not yet ended, invalidated ones included
+  int graphs;           // graphs alive, those still being captured included
+  int execs;            // executable graphs alive
+  int user_objects;     // user objects with references left
+  long long destructors_run;               // user-object destructors run on the driver thread
+  long long launches;                      // cuGraphLaunch calls that ran (not captured ones)
+  long long uploads;                       // cuGraphUpload calls likewise
+  long long captured_event_records;        // cuEventRecord calls captured into a graph
+  long long unsafe_call_refusals;          // calls refused with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+  long long destructor_thread_violations;  // driver calls made from a user-object destructor
+};
+
+template <class Fn>
+Fn fake_hook(const char* name) {
+  void* sym = ::dlsym(fake_library(), name);
+  REQUIRE(sym != nullptr);
+  return reinterpret_cast<Fn>(sym);
+}
+
+inline fake_graph_counts fake_graphs() { return fake_hook<fake_graph_counts (*)()>("fake_cuda_graphs")(); }
+
+/// Waits until every user-object destructor the fake has queued has run on its driver thread.
+inline void fake_quiesce() { fake_hook<void (*)()>("fake_cuda_quiesce")(); }
+
+/// All references `obj` has now (its callers', graphs' and execs'), or -1 once none is left.
+inline long long fake_user_object_refs(CUuserObject obj) {
+  return fake_hook<long long (*)(CUuserObject)>("fake_cuda_user_object_refs")(obj);
+}
+
+/// The flags `exec` was instantiated with, or -1 if the fake knows no such exec.
+inline long long fake_exec_flags(CUgraphExec exec) {
+  return fake_hook<long long (*)(CUgraphExec)>("fake_cuda_exec_flags")(exec);
+}
+
 }  // namespace streamalloc_test

@@ -88,6 +88,11 @@ struct sim_device {
 struct sim_backend {
   using handle = std::uint64_t;
   using event = std::uint64_t;
+  /// The simulated device has no stream capture: nothing to relax.
+  struct capture_guard {
+    explicit capture_guard(sim_backend&) noexcept {}
+  };
+  bool capturing(const streamalloc::detail::stream_key&) noexcept { return false; }
   std::shared_ptr<sim_device> dev;
 
   std::uint64_t granularity() const { return dev->granularity; }

@@ -32,6 +32,8 @@ struct counting_backend : sim_backend {
   explicit counting_backend(std::shared_ptr<sim_device> d) : sim_backend{std::move(d)} {}
 
   int records = 0, idles = 0, waits = 0, synchronizes = 0, destroys = 0;
+  void* captured = nullptr;  ///< the handle of a stream being captured, if any
+  bool capturing(const stream_key& k) noexcept { return k.native == captured; }
   /// ('s' synchronize | 'd' destroy, event) in call order: drop_events must wait before it destroys.
   std::vector<std::pair<char, event>> log;
 
@@ -96,32 +98,41 @@ std::set<block*> as_set(const std::vector<block*>& v) { return {v.begin(), v.end
 
 }  // namespace
 
-TEST_CASE("handle_now: a stable handle always; a raw one only to a call on that very stream") {
+TEST_CASE("handle_now: a stable handle always; a raw one only to a call on that very stream; none while captured") {
+  fixture f;
   auto stable = make_stream(true), raw = make_stream(false), other = make_stream(true);
   state st_stable(stable.key()), st_raw(raw.key());
 
   // Stable: the state's own handle, whoever calls, even a call that was given no handle.
-  CHECK(tracker::handle_now(st_stable, stream_key{}) == stable.native);
-  CHECK(tracker::handle_now(st_stable, other.key()) == stable.native);
+  CHECK(f.completion.handle_now(st_stable, stream_key{}) == stable.native);
+  CHECK(f.completion.handle_now(st_stable, other.key()) == stable.native);
 
   // Raw: the handle the state was first seen with may name another stream by now.
-  CHECK(tracker::handle_now(st_raw, stream_key{}) == nullptr);
-  CHECK(tracker::handle_now(st_raw, other.key()) == nullptr);
+  CHECK(f.completion.handle_now(st_raw, stream_key{}) == nullptr);
+  CHECK(f.completion.handle_now(st_raw, other.key()) == nullptr);
   // Another stream behind the same handle value is still another stream.
-  CHECK(tracker::handle_now(st_raw, same_handle(raw).key()) == nullptr);
+  CHECK(f.completion.handle_now(st_raw, same_handle(raw).key()) == nullptr);
   // The call in progress is on this stream: the handle it was given, not the remembered one.
   test_stream again = raw;
   static char moved;
   again.native = &moved;  // the per-thread default stream's handle as another thread sees it
-  CHECK(tracker::handle_now(st_raw, again.key()) == &moved);
-  CHECK(tracker::handle_now(st_raw, raw.key_without_handle()) == nullptr);
+  CHECK(f.completion.handle_now(st_raw, again.key()) == &moved);
+  CHECK(f.completion.handle_now(st_raw, raw.key_without_handle()) == nullptr);
 
   // A stable stream that retired: its handle may already belong to a new stream.
   auto retiring = make_stream(true);
   state st_retiring(retiring.key());
   retiring.record->mark_retired();
-  CHECK(tracker::handle_now(st_retiring, stream_key{}) == nullptr);
-  CHECK(tracker::handle_now(st_retiring, other.key()) == nullptr);
+  CHECK(f.completion.handle_now(st_retiring, stream_key{}) == nullptr);
+  CHECK(f.completion.handle_now(st_retiring, other.key()) == nullptr);
+
+  // A stream being captured into a graph runs nothing now: not queried, not recorded on.
+  f.backend.captured = stable.native;
+  CHECK(f.completion.handle_now(st_stable, stream_key{}) == nullptr);
+  f.backend.captured = &moved;
+  CHECK(f.completion.handle_now(st_raw, again.key()) == nullptr);
+  f.backend.captured = nullptr;
+  CHECK(f.completion.handle_now(st_stable, stream_key{}) == stable.native);
 }
 
 TEST_CASE("settle without queries: only blocks stamped at or before the record's completion move") {

@@ -16,6 +16,15 @@ enum class block_state : std::uint8_t {
   cached,   ///< freed, in its stream's fast cache (not coalesced)
   pending,  ///< freed, in its stream's pending bins: reusable by that stream, others need proof
   clear,    ///< freed and known complete: reusable by every stream
+  graph,    ///< held by a graph made by stream capture (graph_segments.hpp), in no bins
+};
+
+/// What a graph's block is to the graph and to the host (meaningful in state `graph` only).
+enum class graph_use : std::uint8_t {
+  live,         ///< allocated in the capture, not freed there: valid after each launch
+  freed,        ///< freed in the capture: reusable by later allocations captured on that stream
+  freed_after,  ///< live after a launch, then freed on a stream (block::stream, block::stamp)
+  adopted,      ///< allocated outside the capture and freed inside it: the graph frees it
 };
 
 // A cache line each: the fast path writes a block's state and links, and blocks made one after
@@ -34,6 +43,8 @@ struct alignas(64) block {
   std::uint64_t stamp = 0;    ///< the free's stamp on that stream
   std::uint32_t bin = 0;
   block_state state = block_state::clear;
+  graph_use use = graph_use::live;  ///< in state `graph`: what the graph does with it
+  void* owner = nullptr;            ///< in state `graph`: the graph_segment holding it
 };
 
 /// Owns block records; hands out recycled ones. Not thread-safe: used under the pool's lock.

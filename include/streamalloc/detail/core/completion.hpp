@@ -43,10 +43,17 @@ class completion_tracker {
   /// The handle through which the pool may reach `st`'s stream now: its own when the stream's
   /// record says it stays valid, else the caller's when the caller is that stream (given in this
   /// call, on this thread), else none.
-  static void* handle_now(const state& st, const stream_key& caller) noexcept {
-    if (st.native != nullptr && st.record->handle_stable()) return st.native;
-    if (caller.record == st.record.get()) return caller.native;
-    return nullptr;
+  void* handle_now(const state& st, const stream_key& caller) noexcept {
+    void* native = nullptr;
+    if (st.native != nullptr && st.record->handle_stable()) {
+      native = st.native;
+    } else if (caller.record == st.record.get()) {
+      native = caller.native;
+    }
+    // A stream being captured runs nothing now: querying it or recording on it would be
+    // captured, or refused and break the capture (whoever's capture it is).
+    if (native != nullptr && backend_.capturing({st.record.get(), native})) return nullptr;
+    return native;
   }
 
   /// Takes `st`'s pending blocks whose frees are known complete out of its pending bins and

@@ -10,6 +10,7 @@
 #include <cuda.h>
 
 #include <concepts>
+#include <type_traits>
 #include <cstdint>
 
 namespace streamalloc::detail {
@@ -32,6 +33,11 @@ struct stream_key {
  * - `map(va, bytes, h)`: maps `h` at `va` and grants the pool's accesses; may throw.
  * - `record(stream)`, `wait(stream, e)`: an event recorded on a stream, a stream made to wait
  *   on one; `done(e)`: has the device passed it; `idle(stream)`: has the stream run all its work.
+ * - `capturing(stream)`: is the stream being captured into a graph (it then runs nothing now,
+ *   and may be neither queried nor recorded on); never throws.
+ * - `capture_guard`: made from the backend around the core's slow paths; while it lives, the
+ *   calling thread's driver calls are not refused because another thread captures a stream
+ *   into a graph (CUDA's global capture mode forbids "unsafe" calls to every thread).
  * - `unmap`, `release`, `synchronize` (the host waits for an event) and `destroy` (of an event)
  *   are what the core calls while giving memory back, from destructors and after failures: they
  *   may not throw.
@@ -40,6 +46,7 @@ template <class B>
 concept pool_backend = requires(B& b, std::uint64_t n, typename B::handle& h, typename B::event& e, const stream_key& k) {
   typename B::handle;
   typename B::event;
+  requires std::is_nothrow_constructible_v<typename B::capture_guard, B&>;
   { b.granularity() } -> std::same_as<std::uint64_t>;
   { b.reserve(n) } -> std::same_as<std::uint64_t>;
   { b.try_reserve(n, n) } -> std::same_as<std::uint64_t>;
@@ -50,6 +57,7 @@ concept pool_backend = requires(B& b, std::uint64_t n, typename B::handle& h, ty
   { b.record(k) } -> std::same_as<typename B::event>;
   { b.done(e) } -> std::convertible_to<bool>;
   { b.idle(k) } -> std::convertible_to<bool>;
+  { b.capturing(k) } noexcept -> std::convertible_to<bool>;
   b.wait(k, e);
   { b.synchronize(e) } noexcept;
   { b.destroy(e) } noexcept;

@@ -20,6 +20,7 @@
 //   stream_table.hpp   the per-stream states and the live accounting
 //   completion.hpp     how frees are learned complete (and the rules for stream handles)
 //   chunk_space.hpp    address reservations and the physical chunks mapped into them
+//   graph_segments.hpp what graphs made by stream capture hold (policy in pool_graphs.hpp)
 //   pool_backend.hpp   what the core needs from below: physical memory, addresses, events
 // This file is the policy over them: allocate and free, where a request is served from
 // (best fit, joining adjacent free blocks, remapping whole free chunks, growing, waiting on
@@ -32,6 +33,7 @@
 #include <streamalloc/detail/core/chunk_space.hpp>
 #include <streamalloc/detail/core/completion.hpp>
 #include <streamalloc/detail/core/free_bins.hpp>
+#include <streamalloc/detail/core/graph_segments.hpp>
 #include <streamalloc/detail/core/live_table.hpp>
 #include <streamalloc/detail/core/ordering.hpp>
 #include <streamalloc/detail/core/pool_backend.hpp>
@@ -100,6 +102,7 @@ class pool_core final : public completion_listener {
   /// Tears the pool down: waits for the frees still pending on the device, then releases all
   /// physical memory. Returns the live allocations that were never freed (count, bytes).
   std::pair<std::uint64_t, std::uint64_t> shutdown() noexcept {
+    const capture_guard relaxed(backend_);
     std::lock_guard lock(mutex_);
     std::uint64_t count = 0, bytes = 0;
     live_.for_each([&](block* b) {
@@ -175,6 +178,7 @@ class pool_core final : public completion_listener {
     state& st = streams_.state_for(s, mutex_);
     block* b = live_.erase(p);
     if (b == nullptr) [[unlikely]] {
+      if (free_graph_block(p, st)) return;
       throw std::invalid_argument(explain_bad_free(p));
     }
     const std::uint64_t stamp = st.record->stamp();
@@ -203,6 +207,7 @@ class pool_core final : public completion_listener {
     const std::uint64_t n = round_up(bytes == 0 ? 1 : bytes, free_bins::quantum);
     state& st = streams_.state_for(s, mutex_);
     block* b = live_block(p, "grow_in_place");
+    const capture_guard relaxed(backend_);
     std::lock_guard lock(mutex_);
     const std::uint64_t old = b->size;
     if (n <= old) return old;
@@ -240,6 +245,39 @@ class pool_core final : public completion_listener {
     return n;
   }
 
+  // --- graphs (defined in pool_graphs.hpp; what they hold: graph_segments.hpp) ----------------
+
+  /// Allocates `bytes` for the graph of capture `capture`, the call captured on the stream
+  /// named `s` (a token the caller gives each captured stream: CUDA does not identify streams
+  /// during their capture):
+  /// a block freed earlier in that capture on `s`, or memory every stream may use at any time
+  /// (`host`: the pool's host pseudo-stream, whose frees are complete when made), never memory
+  /// whose frees are pending. `tie()` is called under the pool lock when the capture has no
+  /// segment yet, to tie the new one's life to the graph; if it throws, nothing changes.
+  template <class Tie>
+  std::uint64_t allocate_captured(std::uint64_t bytes, std::uint64_t capture, std::uint64_t s, stream_key host,
+                                  placement where, Tie&& tie);
+  /// Frees `p` inside capture `capture`, the free captured on stream `s`: a block of that
+  /// capture becomes reusable by it on `s`; a live block allocated outside becomes the graph's
+  /// (freed by it: the pool takes it back when the graph is gone). Throws
+  /// std::invalid_argument, changing nothing, for anything else.
+  template <class Tie>
+  void deallocate_captured(std::uint64_t p, std::uint64_t capture, std::uint64_t s, stream_key host, Tie&& tie);
+  /// The graph of `capture` is gone and the device has finished its launches: its blocks
+  /// come back. Those freed after a launch are freed in the order of that free's stream;
+  /// those never freed become ordinary live allocations (as the driver's do). Does nothing
+  /// for a capture without a segment.
+  void release_graph(std::uint64_t capture, stream_key host) noexcept;
+  /// True when the graph of `capture` freed memory allocated outside any capture. Host-time
+  /// work may still use such memory when the graph never ran (only a launch frees it), so the
+  /// caller makes sure the device is idle before release_graph takes it back.
+  bool graph_adopted_memory(std::uint64_t capture);
+  /// Segments alive (graphs holding memory of the pool).
+  [[nodiscard]] std::size_t graphs_alive() {
+    std::lock_guard lock(mutex_);
+    return graphs_.segments();
+  }
+
   // --- queries -----------------------------------------------------------------------------
 
   pool_statistics statistics() {
@@ -261,6 +299,10 @@ class pool_core final : public completion_listener {
     s.chunks = space_.chunks().size();
     s.remapped_chunks = space_.remapped();
     s.grows = space_.grows();
+    s.graph_reserved_current = graphs_.bytes();
+    s.graph_reserved_high = graphs_.high();
+    s.graph_allocations = graphs_.blocks();
+    s.graphs = graphs_.segments();
     return s;
   }
 
@@ -268,6 +310,7 @@ class pool_core final : public completion_listener {
     std::lock_guard lock(mutex_);
     space_.reset_high();
     streams_.reset_high_water();
+    graphs_.reset_high();
   }
 
   /// What the pool holds per stream: states of streams in use (retired ones whose frees are
@@ -286,7 +329,8 @@ class pool_core final : public completion_listener {
     std::lock_guard lock(mutex_);
     block* b = chain_.at_or_before(p);
     if (b == nullptr) return std::nullopt;
-    if (p < b->addr + b->size && state_of(b) == block_state::live) return std::pair{b->addr, b->size};
+    const block_state bs = state_of(b);
+    if (p < b->addr + b->size && (bs == block_state::live || bs == block_state::graph)) return std::pair{b->addr, b->size};
     return std::nullopt;
   }
 
@@ -295,6 +339,7 @@ class pool_core final : public completion_listener {
   /// True while a free may still be running on the device: a cached or pending block whose free
   /// is not known to have executed. Closing a pool waits for the device while this is true.
   bool frees_in_flight() {
+    const capture_guard relaxed(backend_);
     std::lock_guard lock(mutex_);
     bool in_flight = false;
     streams_.for_each([&](state& st) {
@@ -308,6 +353,7 @@ class pool_core final : public completion_listener {
   /// Releases free physical memory until at most `keep` bytes of it remain (whole chunks only,
   /// and only memory whose frees are known to have completed).
   void trim_to(std::uint64_t keep) {
+    const capture_guard relaxed(backend_);
     std::lock_guard lock(mutex_);
     settle_all(/*query_events=*/true, stream_key{});
     release_free_chunks(keep);
@@ -318,6 +364,7 @@ class pool_core final : public completion_listener {
   /// state is free for another stream at once); if not, one last event covers them. Nothing is
   /// recorded on it afterwards.
   void on_retire(std::uint64_t stream) noexcept override {
+    const capture_guard relaxed(backend_);
     std::lock_guard lock(mutex_);
     state* found = streams_.find(stream);
     if (found == nullptr) return;
@@ -339,6 +386,7 @@ class pool_core final : public completion_listener {
 
   /// Called by the ordering registry after a host synchronization (or device-wide one).
   void on_synchronize(std::uint64_t stream) noexcept override {
+    const capture_guard relaxed(backend_);
     try {
       std::lock_guard lock(mutex_);
       if (stream == 0) {  // every stream
@@ -361,6 +409,8 @@ class pool_core final : public completion_listener {
   static constexpr std::uint64_t room_spread = 16;
 
   using state = typename stream_table<event>::state;
+  /// While alive, this thread's driver calls are not refused for another thread's capture.
+  using capture_guard = typename Backend::capture_guard;
   using chunk = typename chunk_space<Backend>::chunk;
 
   static std::uint64_t round_up(std::uint64_t v, std::uint64_t to) { return (v + to - 1) / to * to; }
@@ -395,10 +445,23 @@ class pool_core final : public completion_listener {
   // --- the slow path -------------------------------------------------------------------------
 
   std::uint64_t allocate_slow(std::uint64_t n, state& st, stream_key s, placement where) {
+    const capture_guard relaxed(backend_);
     std::lock_guard lock(mutex_);
     if (streams_.has_retiring()) recycle_retired();
     flush_cache(st);
     if (!st.record->handle_stable()) completion_.cover(st, s);  // at most one event per slow call
+    block* b = find_memory(n, st, s, where, options_.reuse.internal_dependencies);
+    take(b, n);
+    set_state(b, block_state::live);
+    streams_.account_allocate(st, b->size);
+    live_.insert(b->addr, b);
+    return b->addr;
+  }
+
+  /// A free block of at least `n` bytes that `st` may use, still in its bins, from the first
+  /// source that has one. Throws core_out_of_memory when none has.
+  /// `may_wait`: waiting on another stream's frees (internal dependencies) is a source.
+  block* find_memory(std::uint64_t n, state& st, stream_key s, placement where, bool may_wait) {
     block* b = find_usable(n, st);
     if (b == nullptr) {
       // Others' cached frees, and whatever completed since we last looked.
@@ -410,7 +473,7 @@ class pool_core final : public completion_listener {
     if (b == nullptr) b = join_adjacent(n, st);
     if (b == nullptr) b = defragment(n, st);
     if (b == nullptr) b = grow(n, st, where);
-    if (b == nullptr && options_.reuse.internal_dependencies) b = wait_for_pending(n, st, s);
+    if (b == nullptr && may_wait) b = wait_for_pending(n, st, s);
     if (b == nullptr) {
       // Every source has been tried: free blocks usable now, completions learned just now,
       // adjacent runs, remapping, growth, and (if allowed) waiting on other streams' frees.
@@ -420,11 +483,7 @@ class pool_core final : public completion_listener {
       e.reason = describe_state();
       throw e;
     }
-    take(b, n);
-    set_state(b, block_state::live);
-    streams_.account_allocate(st, b->size);
-    live_.insert(b->addr, b);
-    return b->addr;
+    return b;
   }
 
   /// Best fit among the blocks `st` may use: clear ones, its own, and others' it is ordered
@@ -593,6 +652,9 @@ class pool_core final : public completion_listener {
     if (streams_.has_retiring()) recycle_retired();
   }
 
+  /// A host-time free of graph block `p`: true when `p` is one (see pool_graphs.hpp).
+  bool free_graph_block(std::uint64_t p, state& st);
+
   // --- growth, defragmentation, release (defined in pool_growth.hpp) -------------------------
 
   /// The free block `st` may use that ends a mapped run with room to grow after it.
@@ -651,7 +713,8 @@ class pool_core final : public completion_listener {
     std::lock_guard lock(mutex_);
     if (block* b = chain_.at_or_before(p)) {
       if (p < b->addr + b->size) {
-        if (state_of(b) == block_state::live) {
+        const block_state bs = state_of(b);
+        if (bs == block_state::live || (bs == block_state::graph && b->addr != p)) {
           return who + buf +
                  " points inside an allocation, not at its start";
         }
@@ -674,8 +737,10 @@ class pool_core final : public completion_listener {
   block_chain chain_;             // every block, live or free, by address
   stream_table<event> streams_;   // what the pool keeps per stream, and the live accounting
   live_table live_;
+  graph_segments graphs_;  // what graphs made by stream capture hold
 };
 
 }  // namespace streamalloc::detail
 
 #include <streamalloc/detail/core/pool_growth.hpp>  // the definitions of the growth section
+#include <streamalloc/detail/core/pool_graphs.hpp>  // the definitions of the graphs section

@@ -119,5 +119,47 @@ STREAMALLOC_DRIVER_FUNCTION(cuEventDestroy, 4000, 13000)
 STREAMALLOC_DRIVER_FUNCTION(cuEventRecord, 2000, 13000)
 STREAMALLOC_DRIVER_FUNCTION(cuEventQuery, 2000, 13000)
 STREAMALLOC_DRIVER_FUNCTION(cuEventSynchronize, 2000, 13000)
+// Stream capture and graphs: detecting a capture, the graph it builds, tying memory to it.
+STREAMALLOC_DRIVER_FUNCTION(cuStreamGetCaptureInfo, 12030, 13000)
+STREAMALLOC_DRIVER_FUNCTION(cuStreamIsCapturing, 10000, 13000)
+STREAMALLOC_DRIVER_FUNCTION(cuThreadExchangeStreamCaptureMode, 10010, 13000)
+STREAMALLOC_DRIVER_FUNCTION(cuStreamBeginCapture, 10010, 13000)
+STREAMALLOC_DRIVER_FUNCTION(cuStreamEndCapture, 10000, 13000)
+STREAMALLOC_DRIVER_FUNCTION(cuGraphInstantiateWithFlags, 11040, 13000)
+STREAMALLOC_DRIVER_FUNCTION(cuGraphLaunch, 10000, 13000)
+STREAMALLOC_DRIVER_FUNCTION(cuGraphUpload, 11010, 13000)
+STREAMALLOC_DRIVER_FUNCTION(cuGraphExecDestroy, 10000, 13000)
+STREAMALLOC_DRIVER_FUNCTION(cuGraphDestroy, 10000, 13000)
+STREAMALLOC_DRIVER_FUNCTION(cuUserObjectCreate, 11030, 13000)
+STREAMALLOC_DRIVER_FUNCTION(cuUserObjectRetain, 11030, 13000)
+STREAMALLOC_DRIVER_FUNCTION(cuUserObjectRelease, 11030, 13000)
+STREAMALLOC_DRIVER_FUNCTION(cuGraphRetainUserObject, 11030, 13000)
+STREAMALLOC_DRIVER_FUNCTION(cuGraphReleaseUserObject, 11030, 13000)
 
 }  // namespace streamalloc::detail::cu
+
+namespace streamalloc::detail {
+
+/// Puts the calling thread in CUDA's relaxed capture-interaction mode for its life, and back
+/// in the mode it had. While any thread captures a stream in global mode (the default mode),
+/// CUDA refuses "potentially unsafe" calls (event queries, stream ids, memory mapping) to
+/// every thread in global mode, and the refused call invalidates that capture: streamalloc's
+/// own bookkeeping calls, which never touch the captured stream's work, run relaxed. A call
+/// on a capturing stream is still captured; streamalloc makes none.
+class relaxed_capture_mode {
+ public:
+  relaxed_capture_mode() noexcept {
+    exchanged_ = cu::cuThreadExchangeStreamCaptureMode_nothrow(&mode_) == CUDA_SUCCESS;
+  }
+  ~relaxed_capture_mode() {
+    if (exchanged_) (void)cu::cuThreadExchangeStreamCaptureMode_nothrow(&mode_);
+  }
+  relaxed_capture_mode(const relaxed_capture_mode&) = delete;
+  relaxed_capture_mode& operator=(const relaxed_capture_mode&) = delete;
+
+ private:
+  CUstreamCaptureMode mode_ = CU_STREAM_CAPTURE_MODE_RELAXED;  // in: the new mode; out: the old
+  bool exchanged_ = false;
+};
+
+}  // namespace streamalloc::detail

@@ -6,6 +6,7 @@
 #include <streamalloc/access.hpp>
 #include <streamalloc/detail/driver/context.hpp>
 #include <streamalloc/detail/core/pool_core.hpp>
+#include <streamalloc/detail/pool/graph_reaper.hpp>
 #include <streamalloc/detail/pool/vmm_backend.hpp>
 #include <streamalloc/driver.hpp>
 #include <streamalloc/memory_location.hpp>
@@ -120,6 +121,66 @@ inline stream_key host_key() {
   return {&r, nullptr};
 }
 
+/// What cuStreamGetCaptureInfo says of the stream of a stream-ordered call: the id of the
+/// capture it is in and the graph being built, or id 0 when it is not capturing.
+struct capture_info {
+  std::uint64_t id = 0;
+  CUgraph graph = nullptr;
+};
+
+[[noreturn]] STREAMALLOC_COLD inline void throw_capture_problem(CUresult r, CUstreamCaptureStatus status,
+                                                               const char* member) {
+  const std::string who = std::string("streamalloc::pool::") + member + ": ";
+  if (r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT) {
+    throw cuda_error(r, "cuStreamGetCaptureInfo",
+                     who + "the legacy default stream was used while a blocking stream of its device is being "
+                           "captured into a graph: its work would join the capture implicitly, which CUDA forbids. "
+                           "Use the capturing stream, or a non-blocking stream");
+  }
+  if (r == CUDA_SUCCESS && status == CU_STREAM_CAPTURE_STATUS_INVALIDATED) {
+    throw cuda_error(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, "cuStreamGetCaptureInfo",
+                     who + "the stream's capture was invalidated by an earlier error; end the capture "
+                           "(cudaStreamEndCapture reports the error) before using the stream");
+  }
+  throw_driver_failure(r, "cuStreamGetCaptureInfo", who + "asking whether the stream is being captured");
+}
+
+/// Whether stream `s` is being captured into a graph: one driver query (some 15 ns), made by
+/// every stream-ordered call, because any stream may begin a capture at any time, by code
+/// that never heard of streamalloc.
+inline capture_info capture_of(CUstream s, const char* member) {
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  capture_info c;
+  const CUresult r = cu::cuStreamGetCaptureInfo_nothrow(s, &status, &c.id, &c.graph, nullptr, nullptr, nullptr);
+  if (r == CUDA_SUCCESS && status == CU_STREAM_CAPTURE_STATUS_NONE) [[likely]] return {};
+  if (r == CUDA_SUCCESS && status == CU_STREAM_CAPTURE_STATUS_ACTIVE) return c;
+  throw_capture_problem(r, status, member);
+}
+
+/// A capture's graph's hold on a pool's core (see graph_reaper.hpp). It owns a reference to
+/// the core: a pool closed while graphs live keeps the memory they hold mapped until the last
+/// of them goes.
+struct pool_graph_tie final : graph_tie {
+  pool_graph_tie(std::shared_ptr<vmm_pool_core> c, std::uint64_t id, int dev)
+      : core(std::move(c)), capture(id), device(dev) {}
+
+  void release() noexcept override {
+    try {
+      ensure_context(device);
+    } catch (...) {  // the context is gone: so is the memory
+      return;
+    }
+    // Memory allocated outside the capture and freed by the graph is freed by its launches;
+    // if it never ran, work of the host's timeline may still use it: wait for the device.
+    if (core->graph_adopted_memory(capture)) (void)cu::cuCtxSynchronize_nothrow();
+    core->release_graph(capture, host_key());
+  }
+
+  std::shared_ptr<vmm_pool_core> core;
+  std::uint64_t capture;
+  int device;
+};
+
 /**
  * @brief The state of a pool: what `pool` owns and `pool_ref` refers to. It lives on the heap,
  * so that its address, which refs, resources, buffers, the current-pool slots and the pointer
@@ -187,7 +248,14 @@ class pool_state {
     o.reuse = props.reuse;
     detail::ensure_context(device);
     try {
-      core_ = std::make_unique<detail::vmm_pool_core>(detail::vmm_backend(props.location, opts, std::move(access)), o);
+      // Shared: graphs made by capture hold it too (pool_graph_tie). Whoever lets go last
+      // gives its memory back.
+      core_ = std::shared_ptr<detail::vmm_pool_core>(
+          new detail::vmm_pool_core(detail::vmm_backend(props.location, opts, std::move(access)), o),
+          [](detail::vmm_pool_core* c) {
+            (void)c->shutdown();
+            delete c;
+          });
     } catch (...) {
       detail::pools().remove(this);
       throw;
@@ -215,16 +283,31 @@ class pool_state {
     if (!core_) return {};
     detail::pools().remove(this);
     detail::forget_current_pool(this);
-    const auto live = core_->statistics().live_allocations;
-    if (live != 0 || core_->frees_in_flight()) {
+    pool_statistics stats;
+    try {
+      stats = core_->statistics();
+    } catch (...) {  // out of host memory: the report says less
+    }
+    if (stats.live_allocations != 0 || core_->frees_in_flight()) {
       try {
         synchronize_device(device_);
       } catch (...) {  // a lost context: no work of it runs any more
       }
     }
-    const auto [count, bytes] = core_->shutdown();
+    if (core_->graphs_alive() == 0) {
+      const auto [count, bytes] = core_->shutdown();
+      core_.reset();
+      return {static_cast<std::size_t>(count), static_cast<std::size_t>(bytes)};
+    }
+    // Graphs made by capture still hold memory of this pool: it stays mapped at their fixed
+    // addresses until the last of them is gone (the core is theirs now). The rest goes back
+    // to the device at once.
+    try {
+      core_->trim_to(0);
+    } catch (...) {  // it goes when the graphs do
+    }
     core_.reset();
-    return {static_cast<std::size_t>(count), static_cast<std::size_t>(bytes)};
+    return {stats.live_allocations, stats.used_current};
   }
 
   /// True once `close()` has run: the pool then holds nothing and refuses every use.
@@ -234,14 +317,30 @@ class pool_state {
   [[nodiscard]] void* allocate(std::size_t bytes, stream_ref s, placement where = placement::packed) {
     if (!core_) [[unlikely]] throw_closed("allocate");
     if (bytes == 0) return nullptr;
+    // Capture first: a capturing stream cannot be looked up (see captured_stream).
+    const detail::capture_info capture = detail::capture_of(s.get(), "allocate");
+    if (capture.id != 0) [[unlikely]] {
+      const std::uint64_t token = captured_stream(s, "allocate");
+      return allocate_keyed(bytes, [&](std::uint64_t n) {
+        return core_->allocate_captured(n, capture.id, token, detail::host_key(), where,
+                                        [&] { tie_to_graph(capture); });
+      });
+    }
     const detail::stream_key key = detail::key_of(s);
     if (key.record->device() != device_) [[unlikely]] throw_wrong_device("allocate", key.record->device());
-    return allocate_keyed(bytes, key, where);
+    return allocate_keyed(bytes, [&](std::uint64_t n) { return core_->allocate(n, key, where); });
   }
 
   void deallocate(void* p, stream_ref s) {
     if (!core_) [[unlikely]] throw_closed("deallocate");
     if (p == nullptr) return;
+    const detail::capture_info capture = detail::capture_of(s.get(), "deallocate");
+    if (capture.id != 0) [[unlikely]] {
+      const std::uint64_t token = captured_stream(s, "deallocate");
+      core_->deallocate_captured(reinterpret_cast<std::uint64_t>(p), capture.id, token, detail::host_key(),
+                                 [&] { tie_to_graph(capture); });
+      return;
+    }
     const detail::stream_key key = detail::key_of(s);
     if (key.record->device() != device_) [[unlikely]] throw_wrong_device("deallocate", key.record->device());
     core_->deallocate(reinterpret_cast<std::uint64_t>(p), key);
@@ -249,7 +348,7 @@ class pool_state {
 
   [[nodiscard]] void* allocate_sync(std::size_t bytes) {
     if (!core_) [[unlikely]] throw_closed("allocate_sync");
-    return allocate_keyed(bytes, detail::host_key());
+    return allocate_keyed(bytes, [&](std::uint64_t n) { return core_->allocate(n, detail::host_key()); });
   }
 
   void deallocate_sync(void* p) {
@@ -261,6 +360,9 @@ class pool_state {
   std::size_t grow_in_place(void* p, std::size_t bytes, stream_ref s) {
     if (!core_) [[unlikely]] throw_closed("grow_in_place");
     if (bytes > (std::size_t{1} << 62)) [[unlikely]] return 0;
+    // Under capture the captured work runs at each launch, not now: memory free now in this
+    // stream's order may be in use then. Growing is refused, as when something is in the way.
+    if (detail::capture_of(s.get(), "grow_in_place").id != 0) return 0;
     const detail::stream_key key = detail::key_of(s);
     if (key.record->device() != device_) [[unlikely]] throw_wrong_device("grow_in_place", key.record->device());
     return static_cast<std::size_t>(core_->grow_in_place(reinterpret_cast<std::uint64_t>(p), bytes, key));
@@ -268,6 +370,14 @@ class pool_state {
 
   std::size_t shrink_in_place(void* p, std::size_t bytes, stream_ref s) {
     if (!core_) [[unlikely]] throw_closed("shrink_in_place");
+    // Under capture, for the reason grow_in_place gives: the allocation keeps its size.
+    if (detail::capture_of(s.get(), "shrink_in_place").id != 0) {
+      const auto found = core_->find_live(reinterpret_cast<std::uint64_t>(p));
+      if (!found || found->first != reinterpret_cast<std::uint64_t>(p)) {
+        throw std::invalid_argument("streamalloc::pool::shrink_in_place: the pointer is not a live allocation of this pool");
+      }
+      return static_cast<std::size_t>(found->second);
+    }
     const detail::stream_key key = detail::key_of(s);
     if (key.record->device() != device_) [[unlikely]] throw_wrong_device("shrink_in_place", key.record->device());
     return static_cast<std::size_t>(core_->shrink_in_place(reinterpret_cast<std::uint64_t>(p), bytes, key));
@@ -420,22 +530,62 @@ class pool_state {
            " more: raise pool_properties::address_space)";
   }
 
-  void* allocate_keyed(std::size_t bytes, detail::stream_key key, placement where = placement::packed) {
+  /// `allocate(bytes)` from the core, its refusals in the pool's words.
+  template <class Allocate>
+  void* allocate_keyed(std::size_t bytes, Allocate&& allocate) {
     if (bytes == 0) return nullptr;
     if (bytes > (std::size_t{1} << 62)) [[unlikely]] {
       throw out_of_memory(bytes, "streamalloc: " + std::to_string(bytes) + " bytes is more than any pool can hold");
     }
     try {
-      return reinterpret_cast<void*>(core_->allocate(bytes, key, where));
+      return reinterpret_cast<void*>(allocate(static_cast<std::uint64_t>(bytes)));
     } catch (const detail::core_out_of_memory& e) {
       throw out_of_memory(bytes, "streamalloc: cannot allocate " + std::to_string(bytes) + " bytes from a pool on " +
                                      props_.location.to_string() + ": " + e.reason + address_shortage(bytes));
     }
   }
 
+  /// The token of a capturing stream for in-graph reuse, checking its device when known. CUDA
+  /// refuses to tell a capturing stream's id or context, so a raw handle is not looked up: its
+  /// value names it (a stream cannot be destroyed while captured), and its device is not
+  /// checked (a `stream` or resolved `stream_ref` carries its record, and is). The per-thread
+  /// default stream's handle names another stream on each thread.
+  std::uint64_t captured_stream(stream_ref s, const char* member) const {
+    if (const detail::stream_record* r = s.known_record(); r != nullptr && r->device() != device_) [[unlikely]] {
+      throw_wrong_device(member, r->device());
+    }
+    if (detail::is_per_thread_handle(s.get())) {
+      static thread_local const char this_thread = 0;
+      return reinterpret_cast<std::uint64_t>(&this_thread);
+    }
+    return reinterpret_cast<std::uint64_t>(s.get());
+  }
+
+  /// Ties a new graph segment to the graph of `capture`: a user object owning a
+  /// pool_graph_tie, moved into the graph being captured (the driver allows that during the
+  /// capture). Called by the core under its lock; on failure the core forgets the segment.
+  void tie_to_graph(detail::capture_info capture) {
+    auto& reaper = detail::graph_reaper::instance();
+    reaper.start();
+    auto tie = std::make_unique<detail::pool_graph_tie>(core_, capture.id, device_);
+    CUuserObject object = nullptr;
+    detail::cu::cuUserObjectCreate(&object, tie.get(), &detail::graph_reaper::on_graph_gone, 1u,
+                                   static_cast<unsigned>(CU_USER_OBJECT_NO_DESTRUCTOR_SYNC));
+    detail::graph_tie* held = tie.release();  // the user object's now
+    reaper.note_handed_over();
+    const CUresult r = detail::cu::cuGraphRetainUserObject_nothrow(capture.graph, object, 1u,
+                                                                   static_cast<unsigned>(CU_GRAPH_USER_OBJECT_MOVE));
+    if (r != CUDA_SUCCESS) {
+      held->cancelled = true;  // its destructor still runs, through the reaper
+      (void)detail::cu::cuUserObjectRelease_nothrow(object, 1u);
+      detail::throw_driver_failure(r, "cuGraphRetainUserObject",
+                                   "tying the memory of an allocation under stream capture to the graph");
+    }
+  }
+
   pool_properties props_;
   int device_ = 0;  ///< the device whose streams may allocate here
-  std::unique_ptr<detail::vmm_pool_core> core_;
+  std::shared_ptr<detail::vmm_pool_core> core_;
 };
 
 }  // namespace streamalloc::detail

@@ -26,6 +26,13 @@ class vmm_backend {
     CUcontext ctx = nullptr;
   };
 
+  /// Around the core's slow paths: its event queries and mappings run in relaxed capture
+  /// mode (see relaxed_capture_mode), so another thread's global-mode capture neither refuses
+  /// them nor is invalidated by them.
+  struct capture_guard : relaxed_capture_mode {
+    explicit capture_guard(vmm_backend&) noexcept {}
+  };
+
   vmm_backend(memory_location where, allocation_options options, std::vector<access_descriptor> access)
       : where_(where), options_(options), access_(std::move(access)) {}
   vmm_backend(vmm_backend&&) noexcept = default;
@@ -116,6 +123,11 @@ class vmm_backend {
     return e;
   }
   bool done(event& e) { return cu::cuEventQuery_nothrow(e.ev) == CUDA_SUCCESS; }
+  bool capturing(const stream_key& k) noexcept {
+    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+    const CUresult r = cu::cuStreamIsCapturing_nothrow(static_cast<CUstream>(k.native), &status);
+    return r != CUDA_SUCCESS || status != CU_STREAM_CAPTURE_STATUS_NONE;  // unknown: leave it alone
+  }
   bool idle(const stream_key& k) { return cu::cuStreamQuery_nothrow(static_cast<CUstream>(k.native)) == CUDA_SUCCESS; }
   void wait(const stream_key& k, event& e) {
     check(cu::cuStreamWaitEvent_nothrow(static_cast<CUstream>(k.native), e.ev, 0), "cuStreamWaitEvent");

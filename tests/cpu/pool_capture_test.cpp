@@ -1,0 +1,151 @@
+// The pool under stream capture against the fake driver's model of capture, graphs and user
+// objects (tests/fake_driver): detection, the tie of a graph's memory to its user object, the
+// release through streamalloc's reaper thread, and the relaxed mode of the pool's own calls
+// while another thread captures in global mode. The GPU test (tests/gpu/graph_capture_test.cu)
+// checks the same on real graphs and memory.
+
+#include <streamalloc/detail/driver/driver_api.hpp>
+#include <streamalloc/detail/pool/graph_reaper.hpp>
+#include <streamalloc/pool.hpp>
+#include <streamalloc/stream.hpp>
+
+#include <doctest/doctest.h>
+
+#include "fake_driver.hpp"
+
+#include <chrono>
+#include <stdexcept>
+#include <thread>
+
+using namespace streamalloc;
+namespace cu = streamalloc::detail::cu;
+using streamalloc_test::fake_graphs;
+using streamalloc_test::fake_quiesce;
+
+namespace {
+constexpr std::size_t MiB = std::size_t{1} << 20;
+
+CUstream handle(const stream& s) { return reinterpret_cast<CUstream>(s.get()); }
+
+/// Waits (10 s at most) for the reaper to have released every graph tie.
+bool reaper_idle() {
+  fake_quiesce();  // the fake's destructor thread has handed every tie over
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (detail::graph_reaper::instance().outstanding() != 0) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+}  // namespace
+
+TEST_SUITE("pool_capture") {
+
+TEST_CASE("an allocation under capture is the graph's until the graph and its executable are gone") {
+  pool p;
+  stream s;
+  const auto before = fake_graphs();
+  cu::cuStreamBeginCapture(handle(s), CU_STREAM_CAPTURE_MODE_GLOBAL);
+  void* x = p.allocate(MiB, s.ref());
+  void* y = p.allocate(MiB, s.ref());
+  p.deallocate(x, s.ref());
+  void* z = p.allocate(MiB, s.ref());  // reuses x inside the capture
+  CHECK(z == x);
+  p.deallocate(z, s.ref());
+  CUgraph g = nullptr;
+  cu::cuStreamEndCapture(handle(s), &g);
+  CHECK(fake_graphs().user_objects == before.user_objects + 1);  // one tie per capture
+  CUgraphExec e = nullptr;
+  cu::cuGraphInstantiateWithFlags(&e, g, 0);
+  CHECK(p.statistics().graphs == 1);
+  CHECK(p.statistics().graph_allocations == 2);
+  CHECK(p.statistics().live_allocations == 0);
+  cu::cuGraphDestroy(g);
+  fake_quiesce();
+  CHECK(p.statistics().graphs == 1);  // the executable still holds it
+  cu::cuGraphExecDestroy(e);
+  REQUIRE(reaper_idle());
+  CHECK(p.statistics().graphs == 0);
+  // y was never freed: an ordinary live allocation now; x (and z) were freed in the graph.
+  CHECK(p.statistics().live_allocations == 1);
+  p.deallocate(y, s.ref());
+  CHECK_THROWS_AS(p.deallocate(x, s.ref()), std::invalid_argument);
+  CHECK(fake_graphs().destructor_thread_violations == 0);
+}
+
+TEST_CASE("a raw stream under capture is never looked up (CUDA refuses to identify it)") {
+  pool p;
+  CUstream raw = nullptr;
+  cu::cuStreamCreateWithPriority(&raw, CU_STREAM_NON_BLOCKING, 0);
+  cu::cuStreamBeginCapture(raw, CU_STREAM_CAPTURE_MODE_GLOBAL);
+  const stream_ref s{reinterpret_cast<cudaStream_t>(raw)};
+  void* x = p.allocate(MiB, s);
+  p.deallocate(x, s);
+  CHECK(p.allocate(MiB, s) == x);  // reused in the capture, on the same handle
+  CHECK(p.grow_in_place(x, 2 * MiB, s) == 0);
+  CHECK(p.shrink_in_place(x, 256, s) == MiB);
+  CUgraph g = nullptr;
+  CHECK(cu::cuStreamEndCapture_nothrow(raw, &g) == CUDA_SUCCESS);
+  cu::cuGraphDestroy(g);
+  REQUIRE(reaper_idle());
+  CHECK(p.statistics().live_allocations == 1);  // x was left unfreed by the capture
+  p.deallocate(x, s);                           // looked up now: the capture is over
+  cu::cuStreamDestroy(raw);
+}
+
+TEST_CASE("a global-mode capture on another thread does not make the pool's own calls fail or break it") {
+  pool p;
+  stream s, mine;
+  cu::cuStreamBeginCapture(handle(s), CU_STREAM_CAPTURE_MODE_GLOBAL);
+  void* g = p.allocate(MiB, s.ref());
+  const auto refusals = fake_graphs().unsafe_call_refusals;
+  std::thread other([&] {
+    // New memory (cuMemCreate, cuMemMap) and event queries: unsafe calls under a global capture.
+    for (int i = 0; i < 3; ++i) {
+      void* big = p.allocate(200 * MiB, mine.ref());
+      p.deallocate(big, mine.ref());
+      p.trim_to(0);
+    }
+  });
+  other.join();
+  CHECK(fake_graphs().unsafe_call_refusals == refusals);
+  p.deallocate(g, s.ref());
+  CUgraph graph = nullptr;
+  CHECK(cu::cuStreamEndCapture_nothrow(handle(s), &graph) == CUDA_SUCCESS);  // not invalidated
+  cu::cuGraphDestroy(graph);
+  REQUIRE(reaper_idle());
+  CHECK(p.statistics().graphs == 0);
+}
+
+TEST_CASE("an invalidated capture and a closed pool") {
+  stream s;
+  {
+    pool p;
+    cu::cuStreamBeginCapture(handle(s), CU_STREAM_CAPTURE_MODE_GLOBAL);
+    void* x = p.allocate(MiB, s.ref());
+    (void)x;
+    CHECK(cu::cuStreamSynchronize_nothrow(handle(s)) != CUDA_SUCCESS);  // invalidates the capture
+    CHECK_THROWS_WITH_AS((void)p.allocate(MiB, s.ref()), doctest::Contains("invalidated"), cuda_error);
+    CUgraph broken = nullptr;
+    CHECK(cu::cuStreamEndCapture_nothrow(handle(s), &broken) == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    REQUIRE(reaper_idle());  // the failed capture's graph is gone: so is its hold
+    CHECK(p.statistics().graphs == 0);
+  }
+  // A pool closed while its graph lives: the graph's memory stays mapped until it goes.
+  const auto mapped_before = streamalloc_test::fake_live().mappings;
+  CUgraph g = nullptr;
+  {
+    pool p;
+    cu::cuStreamBeginCapture(handle(s), CU_STREAM_CAPTURE_MODE_GLOBAL);
+    void* x = p.allocate(MiB, s.ref());
+    p.deallocate(x, s.ref());
+    cu::cuStreamEndCapture(handle(s), &g);
+  }
+  CHECK(streamalloc_test::fake_live().mappings > mapped_before);
+  CHECK(detail::graph_reaper::instance().outstanding() == 1);
+  cu::cuGraphDestroy(g);
+  REQUIRE(reaper_idle());
+  CHECK(streamalloc_test::fake_live().mappings == mapped_before);
+}
+
+}  // TEST_SUITE
