@@ -21,6 +21,8 @@
 //   completion.hpp     how frees are learned complete (and the rules for stream handles)
 //   chunk_space.hpp    address reservations and the physical chunks mapped into them
 //   graph_segments.hpp what graphs made by stream capture hold (policy in pool_graphs.hpp)
+// The policy is split by section: pool_sources.hpp (where a request is served from),
+// pool_growth.hpp (growth, remapping, release), pool_graphs.hpp (stream capture).
 //   pool_backend.hpp   what the core needs from below: physical memory, addresses, events
 // This file is the policy over them: allocate and free, where a request is served from
 // (best fit, joining adjacent free blocks, remapping whole free chunks, growing, waiting on
@@ -458,89 +460,17 @@ class pool_core final : public completion_listener {
     return b->addr;
   }
 
+  // --- where a request is served from (defined in pool_sources.hpp) --------------------------
+
   /// A free block of at least `n` bytes that `st` may use, still in its bins, from the first
   /// source that has one. Throws core_out_of_memory when none has.
   /// `may_wait`: waiting on another stream's frees (internal dependencies) is a source.
-  block* find_memory(std::uint64_t n, state& st, stream_key s, placement where, bool may_wait) {
-    block* b = find_usable(n, st);
-    if (b == nullptr) {
-      // Others' cached frees, and whatever completed since we last looked.
-      // Including this stream's own pending frees: once known complete they may be remapped.
-      streams_.for_each([&](state& other) { flush_cache(other); });
-      settle_all(options_.reuse.opportunistic, s);
-      b = find_usable(n, st);
-    }
-    if (b == nullptr) b = join_adjacent(n, st);
-    if (b == nullptr) b = defragment(n, st);
-    if (b == nullptr) b = grow(n, st, where);
-    if (b == nullptr && may_wait) b = wait_for_pending(n, st, s);
-    if (b == nullptr) {
-      // Every source has been tried: free blocks usable now, completions learned just now,
-      // adjacent runs, remapping, growth, and (if allowed) waiting on other streams' frees.
-      // What remains free is pending on streams this one has no proof of.
-      core_out_of_memory e;
-      e.requested = n;
-      e.reason = describe_state();
-      throw e;
-    }
-    return b;
-  }
-
-  /// Best fit among the blocks `st` may use: clear ones, its own, and others' it is ordered
-  /// after.
-  block* find_usable(std::uint64_t n, state& st) {
-    block* best = clear_.find(n, [](block*) { return true; });
-    if (block* mine = st.pending.find(n, [](block*) { return true; })) {
-      if (best == nullptr || mine->size < best->size) best = mine;
-    }
-    if (options_.reuse.follow_event_dependencies) {
-      streams_.for_each([&](state& other) {
-        if (&other == &st || other.pending.empty()) return;
-        const std::uint64_t after = st.record->ordered_after(other.record->id());
-        const std::uint64_t done = other.record->completed();
-        const std::uint64_t limit = std::max(after, done);
-        if (limit == 0) return;
-        if (block* b = other.pending.find(n, [limit](block* x) { return x->stamp <= limit; })) {
-          if (best == nullptr || b->size < best->size) best = b;
-        }
-      });
-    }
-    return best;
-  }
-
-  /// Free blocks `st` may use but that sit in different bins (clear ones, and pending ones of
-  /// `st`) do not coalesce with each other. When nothing else fits, find the smallest run of
-  /// adjacent such blocks that holds `n` bytes and merge it into `st`'s pending bins (it is
-  /// about to be used by `st`). Null when no run is large enough.
-  block* join_adjacent(std::uint64_t n, state& st) {
-    auto usable = [&](block* x) {
-      if (x == nullptr) return false;
-      const block_state s = state_of(x);
-      return (s == block_state::clear && x->bins == &clear_) || (s == block_state::pending && x->bins == &st.pending);
-    };
-    block* best_start = nullptr;
-    std::uint64_t best_size = 0;
-    auto consider = [&](block* b) {
-      if (usable(b->prev_addr)) return;  // not the start of a run
-      std::uint64_t total = 0;
-      int parts = 0;
-      for (block* x = b; usable(x); x = x->next_addr) {
-        total += x->size;
-        ++parts;
-      }
-      if (parts > 1 && total >= n && (best_start == nullptr || total < best_size)) {
-        best_start = b;
-        best_size = total;
-      }
-    };
-    clear_.for_each(consider);
-    st.pending.for_each(consider);
-    if (best_start == nullptr) return nullptr;
-    // Re-inserting the run's first block as a free of `st` merges the rest of the run into it
-    // (the same merge a free makes), and the whole run lands in `st`'s pending bins.
-    best_start->bins->remove(best_start);
-    return free_pending(best_start, st);
-  }
+  block* find_memory(std::uint64_t n, state& st, stream_key s, placement where, bool may_wait);
+  /// Best fit among the blocks `st` may use: clear ones, its own, and others' it is ordered after.
+  block* find_usable(std::uint64_t n, state& st);
+  /// The smallest run of adjacent free blocks in different bins that `st` may use and that
+  /// holds `n` bytes, merged into `st`'s pending bins; null when there is none.
+  block* join_adjacent(std::uint64_t n, state& st);
 
   /// Takes `n` bytes from the front of free block `b` (split if larger), removing it from its
   /// bins. The remainder stays where `b` was, with its tag.
@@ -742,5 +672,6 @@ class pool_core final : public completion_listener {
 
 }  // namespace streamalloc::detail
 
+#include <streamalloc/detail/core/pool_sources.hpp>  // the definitions of the sources section
 #include <streamalloc/detail/core/pool_growth.hpp>  // the definitions of the growth section
 #include <streamalloc/detail/core/pool_graphs.hpp>  // the definitions of the graphs section

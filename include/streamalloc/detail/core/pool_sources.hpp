@@ -1,0 +1,102 @@
+#pragma once
+
+// The pool core's sources section: where a request that the stream's fast cache cannot serve
+// is served from, in order (free blocks the stream may use, completions learned now, adjacent
+// free blocks joined, whole free chunks remapped, growth, waiting on another stream's frees).
+// Included at the end of pool_core.hpp.
+
+#include <streamalloc/detail/core/pool_core.hpp>
+
+#include <algorithm>
+#include <cstdint>
+
+namespace streamalloc::detail {
+
+/// A free block of at least `n` bytes that `st` may use, still in its bins, from the first
+/// source that has one. Throws core_out_of_memory when none has.
+/// `may_wait`: waiting on another stream's frees (internal dependencies) is a source.
+template <pool_backend Backend>
+block* pool_core<Backend>::find_memory(std::uint64_t n, state& st, stream_key s, placement where, bool may_wait) {
+  block* b = find_usable(n, st);
+  if (b == nullptr) {
+    // Others' cached frees, and whatever completed since we last looked.
+    // Including this stream's own pending frees: once known complete they may be remapped.
+    streams_.for_each([&](state& other) { flush_cache(other); });
+    settle_all(options_.reuse.opportunistic, s);
+    b = find_usable(n, st);
+  }
+  if (b == nullptr) b = join_adjacent(n, st);
+  if (b == nullptr) b = defragment(n, st);
+  if (b == nullptr) b = grow(n, st, where);
+  if (b == nullptr && may_wait) b = wait_for_pending(n, st, s);
+  if (b == nullptr) {
+    // Every source has been tried: free blocks usable now, completions learned just now,
+    // adjacent runs, remapping, growth, and (if allowed) waiting on other streams' frees.
+    // What remains free is pending on streams this one has no proof of.
+    core_out_of_memory e;
+    e.requested = n;
+    e.reason = describe_state();
+    throw e;
+  }
+  return b;
+}
+
+/// Best fit among the blocks `st` may use: clear ones, its own, and others' it is ordered
+/// after.
+template <pool_backend Backend>
+block* pool_core<Backend>::find_usable(std::uint64_t n, state& st) {
+  block* best = clear_.find(n, [](block*) { return true; });
+  if (block* mine = st.pending.find(n, [](block*) { return true; })) {
+    if (best == nullptr || mine->size < best->size) best = mine;
+  }
+  if (options_.reuse.follow_event_dependencies) {
+    streams_.for_each([&](state& other) {
+      if (&other == &st || other.pending.empty()) return;
+      const std::uint64_t after = st.record->ordered_after(other.record->id());
+      const std::uint64_t done = other.record->completed();
+      const std::uint64_t limit = std::max(after, done);
+      if (limit == 0) return;
+      if (block* b = other.pending.find(n, [limit](block* x) { return x->stamp <= limit; })) {
+        if (best == nullptr || b->size < best->size) best = b;
+      }
+    });
+  }
+  return best;
+}
+
+/// Free blocks `st` may use but that sit in different bins (clear ones, and pending ones of
+/// `st`) do not coalesce with each other. When nothing else fits, find the smallest run of
+/// adjacent such blocks that holds `n` bytes and merge it into `st`'s pending bins (it is
+/// about to be used by `st`). Null when no run is large enough.
+template <pool_backend Backend>
+block* pool_core<Backend>::join_adjacent(std::uint64_t n, state& st) {
+  auto usable = [&](block* x) {
+    if (x == nullptr) return false;
+    const block_state s = state_of(x);
+    return (s == block_state::clear && x->bins == &clear_) || (s == block_state::pending && x->bins == &st.pending);
+  };
+  block* best_start = nullptr;
+  std::uint64_t best_size = 0;
+  auto consider = [&](block* b) {
+    if (usable(b->prev_addr)) return;  // not the start of a run
+    std::uint64_t total = 0;
+    int parts = 0;
+    for (block* x = b; usable(x); x = x->next_addr) {
+      total += x->size;
+      ++parts;
+    }
+    if (parts > 1 && total >= n && (best_start == nullptr || total < best_size)) {
+      best_start = b;
+      best_size = total;
+    }
+  };
+  clear_.for_each(consider);
+  st.pending.for_each(consider);
+  if (best_start == nullptr) return nullptr;
+  // Re-inserting the run's first block as a free of `st` merges the rest of the run into it
+  // (the same merge a free makes), and the whole run lands in `st`'s pending bins.
+  best_start->bins->remove(best_start);
+  return free_pending(best_start, st);
+}
+
+}  // namespace streamalloc::detail
