@@ -171,8 +171,12 @@ struct pool_graph_tie final : graph_tie {
       return;
     }
     // Memory allocated outside the capture and freed by the graph is freed by its launches;
-    // if it never ran, work of the host's timeline may still use it: wait for the device.
-    if (core->graph_adopted_memory(capture)) (void)cu::cuCtxSynchronize_nothrow();
+    // if it never ran, work of the host's timeline may still use it: wait for the device. In
+    // relaxed mode, so that another thread's capture neither refuses the wait nor breaks.
+    if (core->graph_adopted_memory(capture)) {
+      const relaxed_capture_mode relaxed;
+      (void)cu::cuCtxSynchronize_nothrow();
+    }
     core->release_graph(capture, host_key());
   }
 
