@@ -27,8 +27,9 @@ enum class graph_use : std::uint8_t {
   adopted,      ///< allocated outside the capture and freed inside it: the graph frees it
 };
 
-// A cache line each: the fast path writes a block's state and links, and blocks made one after
-// another (each thread's first block, say) would otherwise share lines between threads.
+// Aligned to cache lines (two of them): the fast path writes a block's state and links, and
+// blocks made one after another (each thread's first block, say) would otherwise share lines
+// between threads.
 struct alignas(64) block {
   std::uint64_t addr = 0;
   std::uint64_t size = 0;

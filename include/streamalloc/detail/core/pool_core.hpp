@@ -77,6 +77,13 @@ struct core_options {
   reuse_policy reuse;
 };
 
+/// "streamalloc::pool::<what>: 0x7f..", the start of a message about pointer `p`.
+inline std::string pointer_subject(std::uint64_t p, const char* what) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(p));
+  return std::string("streamalloc::pool::") + what + ": " + buf;
+}
+
 /// Thrown by the core when memory cannot be found; pool.hpp turns it into out_of_memory.
 struct core_out_of_memory {
   std::uint64_t requested = 0;
@@ -582,6 +589,10 @@ class pool_core final : public completion_listener {
     if (streams_.has_retiring()) recycle_retired();
   }
 
+  /// The segment of `capture`, made and tied to its graph by `tie()` if it has none yet (if
+  /// `tie` throws, no segment is left). Under the pool lock.
+  template <class Tie>
+  graph_segment& segment_for(std::uint64_t capture, Tie& tie);
   /// A host-time free of graph block `p`: true when `p` is one (see pool_graphs.hpp).
   bool free_graph_block(std::uint64_t p, state& st);
 
@@ -636,24 +647,21 @@ class pool_core final : public completion_listener {
   }
 
   std::string explain_bad_free(std::uint64_t p, const char* what = "deallocate") {
-    const std::string who = std::string("streamalloc::pool::") + what + ": ";
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(p));
-    if (!owns(p)) return who + buf + " was not allocated from this pool";
+    const std::string who = pointer_subject(p, what);
+    if (!owns(p)) return who + " was not allocated from this pool";
     std::lock_guard lock(mutex_);
     if (block* b = chain_.at_or_before(p)) {
       if (p < b->addr + b->size) {
         const block_state bs = state_of(b);
         if (bs == block_state::live || (bs == block_state::graph && b->addr != p)) {
-          return who + buf +
-                 " points inside an allocation, not at its start";
+          return who + " points inside an allocation, not at its start";
         }
         if (b->addr == p) {
-          return who + buf + " is already free (double free)";
+          return who + " is already free (double free)";
         }
       }
     }
-    return who + buf +
+    return who +
            " is not a live allocation of this pool (freed already, or never returned by allocate)";
   }
 

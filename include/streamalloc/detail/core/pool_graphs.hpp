@@ -7,7 +7,6 @@
 #include <streamalloc/detail/core/pool_core.hpp>
 
 #include <cstdint>
-#include <cstdio>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -15,11 +14,18 @@
 
 namespace streamalloc::detail {
 
-/// "streamalloc::pool::deallocate: 0x7f..", for messages about pointer `p`.
-inline std::string graph_free_subject(std::uint64_t p) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(p));
-  return std::string("streamalloc::pool::deallocate: ") + buf;
+template <pool_backend Backend>
+template <class Tie>
+graph_segment& pool_core<Backend>::segment_for(std::uint64_t capture, Tie& tie) {
+  if (graph_segment* seg = graphs_.find(capture)) return *seg;
+  graph_segment& made = graphs_.add(capture);
+  try {
+    tie();
+  } catch (...) {
+    (void)graphs_.take(capture);  // empty: holds nothing yet
+    throw;
+  }
+  return made;
 }
 
 template <pool_backend Backend>
@@ -30,16 +36,7 @@ std::uint64_t pool_core<Backend>::allocate_captured(std::uint64_t bytes, std::ui
   state& hst = streams_.state_for(host, mutex_);
   const capture_guard relaxed(backend_);
   std::lock_guard lock(mutex_);
-  graph_segment* seg = graphs_.find(capture);
-  if (seg == nullptr) {
-    seg = &graphs_.add(capture);
-    try {
-      tie();
-    } catch (...) {
-      (void)graphs_.take(capture);  // empty: holds nothing yet
-      throw;
-    }
-  }
+  graph_segment* seg = &segment_for(capture, tie);
   if (block* again = seg->reuse(s, n)) {
     again->use = graph_use::live;
     return again->addr;
@@ -86,18 +83,8 @@ void pool_core<Backend>::deallocate_captured(std::uint64_t p, std::uint64_t capt
       }
     } else if (block* b = live_.erase(p)) {
       // Memory of the host's timeline, freed by the graph: the graph's launches free it.
-      graph_segment* seg = graphs_.find(capture);
       try {
-        if (seg == nullptr) {
-          seg = &graphs_.add(capture);
-          try {
-            tie();
-          } catch (...) {
-            (void)graphs_.take(capture);
-            throw;
-          }
-        }
-        graphs_.hold(*seg, b);
+        graphs_.hold(segment_for(capture, tie), b);
       } catch (...) {
         live_.insert(p, b);
         throw;
@@ -109,7 +96,7 @@ void pool_core<Backend>::deallocate_captured(std::uint64_t p, std::uint64_t capt
     }
   }
   if (refused.empty()) throw std::invalid_argument(explain_bad_free(p));
-  throw std::invalid_argument(graph_free_subject(p) + refused);
+  throw std::invalid_argument(pointer_subject(p, "deallocate") + refused);
 }
 
 template <pool_backend Backend>
@@ -119,7 +106,7 @@ bool pool_core<Backend>::free_graph_block(std::uint64_t p, state& st) {
   if (g == nullptr) return false;
   if (g->use == graph_use::freed || g->use == graph_use::adopted) {
     lock.unlock();
-    throw std::invalid_argument(graph_free_subject(p) +
+    throw std::invalid_argument(pointer_subject(p, "deallocate") +
                                 " was freed inside the captured graph that holds it: after a launch it is not an "
                                 "allocation any more (double free)");
   }
