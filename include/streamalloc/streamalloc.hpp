@@ -10,6 +10,8 @@
 #include <streamalloc/user_object.hpp>
 #include <streamalloc/vmm.hpp>
 #include <streamalloc/pool.hpp>
+#include <streamalloc/captured_graph.hpp>
+#include <streamalloc/graph_exec.hpp>
 #include <streamalloc/ordering.hpp>
 #include <streamalloc/resource.hpp>
 #include <streamalloc/stream_buffer.hpp>

@@ -991,6 +991,22 @@ CUresult fake_cuGraphDestroy(CUgraph graph) {
   return CUDA_SUCCESS;
 }
 
+// A clone holds references of its own to every user object its original holds.
+CUresult fake_cuGraphClone(CUgraph* clone_out, CUgraph original) {
+  if (CUresult r = need_init()) return r;
+  if (clone_out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard lock(S().m);
+  auto g = S().graphs.find(original);
+  if (g == S().graphs.end() || g->second.capturing) return CUDA_ERROR_INVALID_VALUE;
+  for (const auto& [obj, count] : g->second.refs) S().user_objects.at(obj).refs += count;
+  const CUgraph clone = new_graph_handle_locked<CUgraph>();
+  fake_graph copy;
+  copy.refs = g->second.refs;
+  S().graphs[clone] = std::move(copy);
+  *clone_out = clone;
+  return CUDA_SUCCESS;
+}
+
 CUresult fake_cuGraphInstantiateWithFlags(CUgraphExec* exec_out, CUgraph graph, unsigned long long flags) {
   if (CUresult r = need_context()) return r;
   constexpr unsigned long long valid = CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH |
@@ -1162,7 +1178,7 @@ const symbol symbols[] = {
     FAKE(cuEventQuery), FAKE(cuEventSynchronize), FAKE(cuStreamGetCaptureInfo),
     FAKE(cuStreamIsCapturing), FAKE(cuThreadExchangeStreamCaptureMode), FAKE(cuStreamBeginCapture),
     FAKE(cuStreamEndCapture), FAKE(cuGraphInstantiateWithFlags), FAKE(cuGraphLaunch),
-    FAKE(cuGraphUpload), FAKE(cuGraphExecDestroy), FAKE(cuGraphDestroy), FAKE(cuUserObjectCreate),
+    FAKE(cuGraphUpload), FAKE(cuGraphExecDestroy), FAKE(cuGraphDestroy), FAKE(cuGraphClone), FAKE(cuUserObjectCreate),
     FAKE(cuUserObjectRetain), FAKE(cuUserObjectRelease), FAKE(cuGraphRetainUserObject),
     FAKE(cuGraphReleaseUserObject),
 };

@@ -35,6 +35,8 @@ struct graph_segment {
   std::vector<block*> blocks;  ///< every block the graph holds, in any graph_use
   /// Blocks freed in the capture, with the stream the free was captured on (the caller's token).
   std::vector<std::pair<std::uint64_t, block*>> freed;
+  /// Set by the first launch made through `graph_exec` (pool_core::graph_launching).
+  bool launched = false;
 
   /// The smallest block freed in the capture on `stream` that holds `n` bytes without wasting
   /// more than as much again; taken off the freed list. Null if none.

@@ -77,11 +77,16 @@ struct core_options {
   reuse_policy reuse;
 };
 
-/// "streamalloc::pool::<what>: 0x7f..", the start of a message about pointer `p`.
-inline std::string pointer_subject(std::uint64_t p, const char* what) {
+/// "0x7f..", an address for messages.
+inline std::string hex(std::uint64_t p) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(p));
-  return std::string("streamalloc::pool::") + what + ": " + buf;
+  return buf;
+}
+
+/// "streamalloc::pool::<what>: 0x7f..", the start of a message about pointer `p`.
+inline std::string pointer_subject(std::uint64_t p, const char* what) {
+  return std::string("streamalloc::pool::") + what + ": " + hex(p);
 }
 
 /// Thrown by the core when memory cannot be found; pool.hpp turns it into out_of_memory.
@@ -281,6 +286,11 @@ class pool_core final : public completion_listener {
   /// work may still use such memory when the graph never ran (only a launch frees it), so the
   /// caller makes sure the device is idle before release_graph takes it back.
   bool graph_adopted_memory(std::uint64_t capture);
+  /// An executable of the graph of `capture` is about to be launched (through `graph_exec`,
+  /// which asks): its allocations freed after the last launch are made again. Returns why the
+  /// launch is refused instead (empty when it may go): allocations of the last launch not
+  /// freed since, when the executable does not free them itself (`auto_free`).
+  std::string graph_launching(std::uint64_t capture, bool auto_free);
   /// Segments alive (graphs holding memory of the pool).
   [[nodiscard]] std::size_t graphs_alive() {
     std::lock_guard lock(mutex_);

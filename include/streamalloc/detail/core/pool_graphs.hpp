@@ -130,6 +130,33 @@ bool pool_core<Backend>::graph_adopted_memory(std::uint64_t capture) {
 }
 
 template <pool_backend Backend>
+std::string pool_core<Backend>::graph_launching(std::uint64_t capture, bool auto_free) {
+  std::lock_guard lock(mutex_);
+  graph_segment* seg = graphs_.find(capture);
+  if (seg == nullptr) return {};
+  if (seg->launched && !auto_free) {
+    // The driver refuses this too: the launch would make at the same address an allocation
+    // that still holds the last launch's results, which work after that launch may still read.
+    std::size_t unfreed = 0;
+    std::uint64_t first = 0;
+    for (const block* b : seg->blocks) {
+      if (b->use != graph_use::live) continue;
+      if (unfreed++ == 0 || b->addr < first) first = b->addr;
+    }
+    if (unfreed != 0) {
+      return std::to_string(unfreed) + " allocation(s) the graph made and did not free (the lowest at " +
+             hex(first) + ") are still live since its last launch: free them after the launch (a stream-ordered "
+             "deallocate on a stream ordered after it), or instantiate with cudaGraphInstantiateFlagAutoFreeOnLaunch";
+    }
+  }
+  for (block* b : seg->blocks) {
+    if (b->use == graph_use::freed_after) b->use = graph_use::live;
+  }
+  seg->launched = true;
+  return {};
+}
+
+template <pool_backend Backend>
 void pool_core<Backend>::release_graph(std::uint64_t capture, stream_key host) noexcept {
   state* hst = nullptr;
   try {

@@ -1,18 +1,14 @@
 #pragma once
 
-// Taking a graph's memory back when the graph is gone.
+// The thread that takes graph memory back when nothing may use it any more.
 //
-// A pool ties the memory a capture's graph holds to a CUDA user object retained by the graph
-// (cuUserObjectCreate + cuGraphRetainUserObject): the graph, each executable instantiated from
-// it and each clone hold a reference, and the driver runs the object's destructor once the last
-// one is released and the device has finished the launches. That destructor runs on a driver
-// thread and may make no CUDA call, nor wait for anything that might: it only hands the tie to
-// the reaper, a thread of streamalloc's own, which takes the memory back (and may unmap it,
-// when the pool was closed meanwhile and this graph was the last thing holding it).
+// Two things end a hold on graph memory, and neither may do the work itself. A CUDA user
+// object's destructor runs on a driver thread and may make no CUDA call, nor wait for anything
+// that might (graph_ties.hpp). A `graph_exec` destroyed while its last launch still runs must
+// not let the memory go before that launch has finished, and should not make its owner wait
+// for it. Both hand a job to the reaper, a thread of streamalloc's own, which does the work.
 
 #include <streamalloc/detail/config.hpp>
-
-#include <cuda.h>
 
 #include <atomic>
 #include <cstddef>
@@ -21,21 +17,18 @@
 
 namespace streamalloc::detail {
 
-/// A graph's hold on a pool's memory: the payload of the user object.
-struct graph_tie {
-  virtual ~graph_tie() = default;
-  /// Takes the graph's memory back. Runs on the reaper's thread, never concurrently with
-  /// another tie's release.
-  virtual void release() noexcept = 0;
-
-  /// Set when the user object could not be given to the graph: its release then does nothing.
-  bool cancelled = false;
-  graph_tie* next = nullptr;  ///< in the reaper's list
+/// Work handed to the reaper. `run` is called once, on the reaper's thread, never concurrently
+/// with another job's, and disposes of the job (deletes it, or leaves it to whoever still holds
+/// it).
+struct reaper_job {
+  virtual ~reaper_job() = default;
+  virtual void run() noexcept = 0;
+  reaper_job* next = nullptr;  ///< in the reaper's list
 };
 
-/// The thread that releases ties. One per process, started with the first tie, never stopped:
-/// the driver may run destructors until the process ends, so neither the reaper nor its
-/// thread may be destroyed before (the object is deliberately never freed).
+/// One per process, started with the first job, never stopped: the driver may run destructors
+/// until the process ends, so neither the reaper nor its thread may be destroyed before (the
+/// object is deliberately never freed).
 class graph_reaper {
  public:
   static graph_reaper& instance() {
@@ -43,45 +36,42 @@ class graph_reaper {
     return *r;
   }
 
-  /// The user object's destructor (CUhostFn). On a driver thread: no CUDA call, no blocking.
-  static void CUDA_CB on_graph_gone(void* tie) noexcept { instance().push(static_cast<graph_tie*>(tie)); }
-
-  /// Starts the thread, once; call before the first tie is handed to the driver.
+  /// Starts the thread, once; call before the first job may be handed over.
   void start() {
     std::call_once(started_, [this] { std::thread([this] { run(); }).detach(); });
   }
 
-  /// Ties handed over and not yet released (for tests and statistics).
+  /// Hands `job` over. Lock-free and never blocks: callable from a user object's destructor.
+  void push(reaper_job* job) noexcept {
+    reaper_job* head = head_.load(std::memory_order_relaxed);
+    do {
+      job->next = head;
+    } while (!head_.compare_exchange_weak(head, job, std::memory_order_release, std::memory_order_relaxed));
+    head_.notify_one();
+  }
+
+  /// Holds on graph memory not yet let go (graph_ties.hpp counts them): for tests and statistics.
   [[nodiscard]] std::size_t outstanding() const noexcept { return outstanding_.load(std::memory_order_acquire); }
-  void note_handed_over() noexcept { outstanding_.fetch_add(1, std::memory_order_relaxed); }
+  void note_held() noexcept { outstanding_.fetch_add(1, std::memory_order_relaxed); }
+  void note_released() noexcept { outstanding_.fetch_sub(1, std::memory_order_release); }
 
  private:
   graph_reaper() = default;
 
-  void push(graph_tie* t) noexcept {
-    graph_tie* head = head_.load(std::memory_order_relaxed);
-    do {
-      t->next = head;
-    } while (!head_.compare_exchange_weak(head, t, std::memory_order_release, std::memory_order_relaxed));
-    head_.notify_one();
-  }
-
   [[noreturn]] void run() noexcept {
     for (;;) {
       head_.wait(nullptr, std::memory_order_acquire);
-      graph_tie* t = head_.exchange(nullptr, std::memory_order_acquire);
-      while (t != nullptr) {
-        graph_tie* next = t->next;
-        if (!t->cancelled) t->release();
-        delete t;
-        outstanding_.fetch_sub(1, std::memory_order_release);
-        t = next;
+      reaper_job* job = head_.exchange(nullptr, std::memory_order_acquire);
+      while (job != nullptr) {
+        reaper_job* next = job->next;
+        job->run();  // may push more jobs (a release that ends a user object): the next round's
+        job = next;
       }
     }
   }
 
   std::once_flag started_;
-  std::atomic<graph_tie*> head_{nullptr};
+  std::atomic<reaper_job*> head_{nullptr};
   std::atomic<std::size_t> outstanding_{0};
 };
 

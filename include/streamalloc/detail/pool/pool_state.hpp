@@ -6,7 +6,8 @@
 #include <streamalloc/access.hpp>
 #include <streamalloc/detail/driver/context.hpp>
 #include <streamalloc/detail/core/pool_core.hpp>
-#include <streamalloc/detail/pool/graph_reaper.hpp>
+#include <streamalloc/detail/pool/capture.hpp>
+#include <streamalloc/detail/pool/graph_ties.hpp>
 #include <streamalloc/detail/pool/vmm_backend.hpp>
 #include <streamalloc/driver.hpp>
 #include <streamalloc/memory_location.hpp>
@@ -121,49 +122,12 @@ inline stream_key host_key() {
   return {&r, nullptr};
 }
 
-/// What cuStreamGetCaptureInfo says of the stream of a stream-ordered call: the id of the
-/// capture it is in and the graph being built, or id 0 when it is not capturing.
-struct capture_info {
-  std::uint64_t id = 0;
-  CUgraph graph = nullptr;
-};
-
-[[noreturn]] STREAMALLOC_COLD inline void throw_capture_problem(CUresult r, CUstreamCaptureStatus status,
-                                                               const char* member) {
-  const std::string who = std::string("streamalloc::pool::") + member + ": ";
-  if (r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT) {
-    throw cuda_error(r, "cuStreamGetCaptureInfo",
-                     who + "the legacy default stream was used while a blocking stream of its device is being "
-                           "captured into a graph: its work would join the capture implicitly, which CUDA forbids. "
-                           "Use the capturing stream, or a non-blocking stream");
-  }
-  if (r == CUDA_SUCCESS && status == CU_STREAM_CAPTURE_STATUS_INVALIDATED) {
-    throw cuda_error(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, "cuStreamGetCaptureInfo",
-                     who + "the stream's capture was invalidated by an earlier error; end the capture "
-                           "(cudaStreamEndCapture reports the error) before using the stream");
-  }
-  throw_driver_failure(r, "cuStreamGetCaptureInfo", who + "asking whether the stream is being captured");
-}
-
-/// Whether stream `s` is being captured into a graph: one driver query, made by every
-/// stream-ordered call, because any stream may begin a capture at any time, by code that never
-/// heard of streamalloc. It costs 5.6 ns in a tight loop but about 40 ns where the pool makes
-/// it, not yet understood (docs/graphs.md, "What detection costs").
-inline capture_info capture_of(CUstream s, const char* member) {
-  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
-  capture_info c;
-  const CUresult r = cu::cuStreamGetCaptureInfo_nothrow(s, &status, &c.id, &c.graph, nullptr, nullptr, nullptr);
-  if (r == CUDA_SUCCESS && status == CU_STREAM_CAPTURE_STATUS_NONE) [[likely]] return {};
-  if (r == CUDA_SUCCESS && status == CU_STREAM_CAPTURE_STATUS_ACTIVE) return c;
-  throw_capture_problem(r, status, member);
-}
-
-/// A capture's graph's hold on a pool's core (see graph_reaper.hpp). It owns a reference to
-/// the core: a pool closed while graphs live keeps the memory they hold mapped until the last
-/// of them goes.
+/// A capture's graph's hold on a pool's core (see graph_ties.hpp). It owns a reference to the
+/// core: a pool closed while graphs live keeps the memory they hold mapped until the last of
+/// them goes.
 struct pool_graph_tie final : graph_tie {
   pool_graph_tie(std::shared_ptr<vmm_pool_core> c, std::uint64_t id, int dev)
-      : core(std::move(c)), capture(id), device(dev) {}
+      : graph_tie(id), core(std::move(c)), device(dev) {}
 
   void release() noexcept override {
     try {
@@ -181,8 +145,9 @@ struct pool_graph_tie final : graph_tie {
     core->release_graph(capture, host_key());
   }
 
+  std::string launching(bool auto_free) override { return core->graph_launching(capture, auto_free); }
+
   std::shared_ptr<vmm_pool_core> core;
-  std::uint64_t capture;
   int device;
 };
 
@@ -323,7 +288,7 @@ class pool_state {
     if (!core_) [[unlikely]] throw_closed("allocate");
     if (bytes == 0) return nullptr;
     // Capture first: a capturing stream cannot be looked up (see captured_stream).
-    const detail::capture_info capture = detail::capture_of(s.get(), "allocate");
+    const detail::capture_info capture = detail::capture_of(s.get(), "streamalloc::pool::allocate");
     if (capture.id != 0) [[unlikely]] {
       const std::uint64_t token = captured_stream(s, "allocate");
       return allocate_keyed(bytes, [&](std::uint64_t n) {
@@ -339,7 +304,7 @@ class pool_state {
   void deallocate(void* p, stream_ref s) {
     if (!core_) [[unlikely]] throw_closed("deallocate");
     if (p == nullptr) return;
-    const detail::capture_info capture = detail::capture_of(s.get(), "deallocate");
+    const detail::capture_info capture = detail::capture_of(s.get(), "streamalloc::pool::deallocate");
     if (capture.id != 0) [[unlikely]] {
       const std::uint64_t token = captured_stream(s, "deallocate");
       core_->deallocate_captured(reinterpret_cast<std::uint64_t>(p), capture.id, token, detail::host_key(),
@@ -367,7 +332,7 @@ class pool_state {
     if (bytes > (std::size_t{1} << 62)) [[unlikely]] return 0;
     // Under capture the captured work runs at each launch, not now: memory free now in this
     // stream's order may be in use then. Growing is refused, as when something is in the way.
-    if (detail::capture_of(s.get(), "grow_in_place").id != 0) return 0;
+    if (detail::capture_of(s.get(), "streamalloc::pool::grow_in_place").id != 0) return 0;
     const detail::stream_key key = detail::key_of(s);
     if (key.record->device() != device_) [[unlikely]] throw_wrong_device("grow_in_place", key.record->device());
     return static_cast<std::size_t>(core_->grow_in_place(reinterpret_cast<std::uint64_t>(p), bytes, key));
@@ -376,7 +341,7 @@ class pool_state {
   std::size_t shrink_in_place(void* p, std::size_t bytes, stream_ref s) {
     if (!core_) [[unlikely]] throw_closed("shrink_in_place");
     // Under capture, for the reason grow_in_place gives: the allocation keeps its size.
-    if (detail::capture_of(s.get(), "shrink_in_place").id != 0) {
+    if (detail::capture_of(s.get(), "streamalloc::pool::shrink_in_place").id != 0) {
       const auto found = core_->find_live(reinterpret_cast<std::uint64_t>(p));
       if (!found || found->first != reinterpret_cast<std::uint64_t>(p)) {
         throw std::invalid_argument("streamalloc::pool::shrink_in_place: the pointer is not a live allocation of this pool");
@@ -568,16 +533,18 @@ class pool_state {
 
   /// Ties a new graph segment to the graph of `capture`: a user object owning a
   /// pool_graph_tie, moved into the graph being captured (the driver allows that during the
-  /// capture). Called by the core under its lock; on failure the core forgets the segment.
+  /// capture), and registered for end_capture to find. Called by the core under its lock; on
+  /// failure the core forgets the segment.
   void tie_to_graph(detail::capture_info capture) {
     auto& reaper = detail::graph_reaper::instance();
     reaper.start();
     auto tie = std::make_unique<detail::pool_graph_tie>(core_, capture.id, device_);
     CUuserObject object = nullptr;
-    detail::cu::cuUserObjectCreate(&object, tie.get(), &detail::graph_reaper::on_graph_gone, 1u,
+    detail::cu::cuUserObjectCreate(&object, tie.get(), &detail::on_graph_gone, 1u,
                                    static_cast<unsigned>(CU_USER_OBJECT_NO_DESTRUCTOR_SYNC));
     detail::graph_tie* held = tie.release();  // the user object's now
-    reaper.note_handed_over();
+    held->object = object;
+    reaper.note_held();
     const CUresult r = detail::cu::cuGraphRetainUserObject_nothrow(capture.graph, object, 1u,
                                                                    static_cast<unsigned>(CU_GRAPH_USER_OBJECT_MOVE));
     if (r != CUDA_SUCCESS) {
@@ -585,6 +552,10 @@ class pool_state {
       (void)detail::cu::cuUserObjectRelease_nothrow(object, 1u);
       detail::throw_driver_failure(r, "cuGraphRetainUserObject",
                                    "tying the memory of an allocation under stream capture to the graph");
+    }
+    try {
+      detail::graph_tie_registry::instance().add(held);
+    } catch (...) {  // out of host memory: end_capture will not find it; executables keep the user object
     }
   }
 

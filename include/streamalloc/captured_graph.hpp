@@ -1,0 +1,121 @@
+#pragma once
+
+/// @file
+/// @brief `end_capture` and `captured_graph`: a graph made by stream capture, owned by a C++
+/// object that knows which streamalloc graph memory it holds.
+///
+/// `cudaStreamEndCapture` returns a bare `cudaGraph_t`; the memory streamalloc allocated in the
+/// capture is tied to it through CUDA user objects (see docs/graphs.md), which every executable
+/// instantiated from it copies, and which make its launches slow on the host. Ending the capture
+/// with `streamalloc::end_capture` instead keeps track of that memory, so that a `graph_exec`
+/// made from the result holds it without the user objects.
+
+#include <streamalloc/detail/driver/driver_api.hpp>
+#include <streamalloc/detail/pool/capture.hpp>
+#include <streamalloc/detail/pool/graph_ties.hpp>
+#include <streamalloc/error.hpp>
+#include <streamalloc/stream.hpp>
+
+#include <driver_types.h>
+
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace streamalloc {
+
+class captured_graph;
+namespace detail {
+/// The ties a captured_graph holds (for graph_exec and the tests).
+inline const std::vector<graph_tie*>& ties_of(const captured_graph& g) noexcept;
+}  // namespace detail
+
+static_assert(std::is_same_v<cudaGraph_t, CUgraph>, "cudaGraph_t is expected to be CUgraph");
+
+/**
+ * @brief A graph made by stream capture (`cudaGraph_t`), owned: destroyed with this object.
+ *
+ * Holds the streamalloc graph memory of its capture for its own life too, so that the memory
+ * does not depend on the raw graph, which the caller may inspect or change through `get()` but
+ * must not destroy. Move-only.
+ */
+class captured_graph {
+ public:
+  /// An empty captured_graph: no graph.
+  captured_graph() noexcept = default;
+
+  captured_graph(captured_graph&& o) noexcept { swap(o); }
+  captured_graph& operator=(captured_graph&& o) noexcept {
+    if (this != &o) {
+      reset();
+      swap(o);
+    }
+    return *this;
+  }
+  captured_graph(const captured_graph&) = delete;
+  captured_graph& operator=(const captured_graph&) = delete;
+  ~captured_graph() { reset(); }
+
+  /// Destroys the graph (`cudaGraphDestroy`; executables made from it live on) and lets go of
+  /// its memory, which goes back to its pools once no executable holds it either.
+  void reset() noexcept {
+    if (graph_ != nullptr) (void)detail::cu::cuGraphDestroy_nothrow(graph_);
+    graph_ = nullptr;
+    for (detail::graph_tie* t : ties_) t->let_go();
+    ties_.clear();
+  }
+
+  /// The driver's handle (a `cudaGraph_t`); null when empty. Owned by this object.
+  [[nodiscard]] CUgraph get() const noexcept { return graph_; }
+  explicit operator bool() const noexcept { return graph_ != nullptr; }
+  /// Pools whose memory the capture allocated (one hold on each).
+  [[nodiscard]] std::size_t graph_memory_holds() const noexcept { return ties_.size(); }
+
+  void swap(captured_graph& o) noexcept {
+    std::swap(graph_, o.graph_);
+    std::swap(ties_, o.ties_);
+  }
+
+ private:
+  friend captured_graph end_capture(stream_ref s);
+  friend const std::vector<detail::graph_tie*>& detail::ties_of(const captured_graph& g) noexcept;
+
+  captured_graph(CUgraph g, std::vector<detail::graph_tie*> ties) noexcept : graph_(g), ties_(std::move(ties)) {}
+
+  CUgraph graph_ = nullptr;
+  std::vector<detail::graph_tie*> ties_;
+};
+
+inline const std::vector<detail::graph_tie*>& detail::ties_of(const captured_graph& g) noexcept { return g.ties_; }
+
+/**
+ * @brief Ends the capture of stream `s` (`cudaStreamEndCapture`) and returns its graph, knowing
+ * which streamalloc memory it holds.
+ * @throws std::logic_error when `s` is not being captured
+ * @throws cuda_error as cudaStreamEndCapture fails (an invalidated capture, a stream that
+ *   joined the capture rather than began it, a global-mode capture ended on another thread);
+ *   the driver destroys the graph then, and the memory goes back to the pools
+ */
+[[nodiscard]] inline captured_graph end_capture(stream_ref s) {
+  const detail::capture_info capture = detail::capture_of(s.get(), "streamalloc::end_capture");
+  if (capture.id == 0) {
+    throw std::logic_error("streamalloc::end_capture: the stream is not being captured (begin with "
+                           "cudaStreamBeginCapture)");
+  }
+  CUgraph g = nullptr;
+  detail::check(detail::cu::cuStreamEndCapture_nothrow(s.get(), &g), "cuStreamEndCapture",
+                [] { return std::string("streamalloc::end_capture: ending the capture"); });
+  // The graph now holds the user object of each tie of this capture: they live.
+  std::vector<detail::graph_tie*> ties;
+  try {
+    ties = detail::graph_tie_registry::instance().take(capture.id);
+  } catch (...) {
+    (void)detail::cu::cuGraphDestroy_nothrow(g);
+    throw;
+  }
+  return captured_graph(g, std::move(ties));
+}
+
+}  // namespace streamalloc

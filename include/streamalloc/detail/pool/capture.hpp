@@ -1,0 +1,52 @@
+#pragma once
+
+// Asking whether the stream of a stream-ordered call is being captured into a graph.
+
+#include <streamalloc/detail/driver/driver_api.hpp>
+#include <streamalloc/error.hpp>
+
+#include <cuda.h>
+
+#include <cstdint>
+#include <string>
+
+namespace streamalloc::detail {
+
+/// What cuStreamGetCaptureInfo says of the stream of a stream-ordered call: the id of the
+/// capture it is in and the graph being built, or id 0 when it is not capturing.
+struct capture_info {
+  std::uint64_t id = 0;
+  CUgraph graph = nullptr;
+};
+
+[[noreturn]] STREAMALLOC_COLD inline void throw_capture_problem(CUresult r, CUstreamCaptureStatus status,
+                                                               const char* caller) {
+  const std::string who = std::string(caller) + ": ";
+  if (r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT) {
+    throw cuda_error(r, "cuStreamGetCaptureInfo",
+                     who + "the legacy default stream was used while a blocking stream of its device is being "
+                           "captured into a graph: its work would join the capture implicitly, which CUDA forbids. "
+                           "Use the capturing stream, or a non-blocking stream");
+  }
+  if (r == CUDA_SUCCESS && status == CU_STREAM_CAPTURE_STATUS_INVALIDATED) {
+    throw cuda_error(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, "cuStreamGetCaptureInfo",
+                     who + "the stream's capture was invalidated by an earlier error; end the capture "
+                           "(cudaStreamEndCapture reports the error) before using the stream");
+  }
+  throw_driver_failure(r, "cuStreamGetCaptureInfo", who + "asking whether the stream is being captured");
+}
+
+/// Whether stream `s` is being captured into a graph: one driver query, made by every
+/// stream-ordered call, because any stream may begin a capture at any time, by code that never
+/// heard of streamalloc. It costs 5.6 ns in a tight loop but about 40 ns where the pool makes
+/// it, not yet understood (docs/graphs.md, "What detection costs").
+inline capture_info capture_of(CUstream s, const char* caller) {
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  capture_info c;
+  const CUresult r = cu::cuStreamGetCaptureInfo_nothrow(s, &status, &c.id, &c.graph, nullptr, nullptr, nullptr);
+  if (r == CUDA_SUCCESS && status == CU_STREAM_CAPTURE_STATUS_NONE) [[likely]] return {};
+  if (r == CUDA_SUCCESS && status == CU_STREAM_CAPTURE_STATUS_ACTIVE) return c;
+  throw_capture_problem(r, status, caller);
+}
+
+}  // namespace streamalloc::detail

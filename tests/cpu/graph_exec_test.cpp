@@ -1,0 +1,168 @@
+// graph_exec against the fake driver's model of graphs and user objects: the executable is
+// instantiated without streamalloc's user objects and holds the graph memory itself, until it
+// is reset and its last launch is known finished; relaunching with allocations of the last
+// launch still live is refused unless the executable frees them itself. The GPU test
+// (tests/gpu/graph_exec_test.cu) checks the same with real kernels and memory.
+
+#include <streamalloc/detail/driver/driver_api.hpp>
+#include <streamalloc/graph_exec.hpp>
+#include <streamalloc/pool.hpp>
+#include <streamalloc/stream.hpp>
+
+#include <doctest/doctest.h>
+
+#include "fake_driver.hpp"
+
+#include <chrono>
+#include <stdexcept>
+#include <thread>
+
+using namespace streamalloc;
+namespace cu = streamalloc::detail::cu;
+using streamalloc_test::fake_graphs;
+using streamalloc_test::fake_quiesce;
+using streamalloc_test::fake_user_object_refs;
+
+namespace {
+constexpr std::size_t MiB = std::size_t{1} << 20;
+
+CUstream handle(const stream& s) { return reinterpret_cast<CUstream>(s.get()); }
+
+/// Waits (10 s at most) for every hold on graph memory to be let go.
+bool reaper_idle() {
+  fake_quiesce();
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (detail::graph_reaper::instance().outstanding() != 0) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
+/// Captures on `s` one allocation of `bytes` from `p`, freed in the graph when `free_inside`.
+captured_graph capture_one(pool& p, stream& s, std::size_t bytes, bool free_inside, void** out = nullptr) {
+  cu::cuStreamBeginCapture(handle(s), CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
+  void* x = p.allocate(bytes, s.ref());
+  if (free_inside) p.deallocate(x, s.ref());
+  if (out != nullptr) *out = x;
+  return end_capture(s.ref());
+}
+
+/// The user object holding `g`'s memory.
+CUuserObject tie_object(const captured_graph& g) {
+  REQUIRE(detail::ties_of(g).size() == 1);
+  return detail::ties_of(g).front()->object;
+}
+}  // namespace
+
+TEST_SUITE("graph_exec") {
+
+TEST_CASE("the executable holds no user object; the memory stays until it is reset") {
+  pool p;
+  stream s;
+  captured_graph g = capture_one(p, s, MiB, true);
+  CHECK(g.graph_memory_holds() == 1);
+  const CUuserObject o = tie_object(g);
+  CHECK(fake_user_object_refs(o) == 1);  // the graph's
+  graph_exec e(g);
+  CHECK(e.graph_memory_holds() == 1);
+  CHECK(fake_user_object_refs(o) == 1);  // still only the graph's: not the executable's
+  const auto launches = fake_graphs().launches;
+  e.launch(s.ref());
+  e.launch(s.ref());  // freed inside: relaunching is fine
+  CHECK(fake_graphs().launches == launches + 2);
+  g.reset();
+  fake_quiesce();
+  CHECK(p.statistics().graphs == 1);  // the graph is gone; e holds its memory
+  e.reset();
+  CHECK(!e);
+  REQUIRE(reaper_idle());
+  CHECK(p.statistics().graphs == 0);
+  CHECK(p.statistics().graph_reserved_current == 0);
+}
+
+TEST_CASE("a raw instantiation keeps the user object; both hold the memory") {
+  pool p;
+  stream s;
+  captured_graph g = capture_one(p, s, MiB, true);
+  const CUuserObject o = tie_object(g);
+  CUgraphExec raw = nullptr;
+  cu::cuGraphInstantiateWithFlags(&raw, g.get(), 0);
+  CHECK(fake_user_object_refs(o) == 2);
+  graph_exec by_handle(g.get());  // instantiated from the bare graph: keeps the user object
+  CHECK(by_handle.graph_memory_holds() == 0);
+  CHECK(fake_user_object_refs(o) == 3);
+  graph_exec e(g);
+  CHECK(fake_user_object_refs(o) == 3);
+  g.reset();
+  cu::cuGraphExecDestroy(raw);
+  by_handle.reset();
+  fake_quiesce();
+  CHECK(p.statistics().graphs == 1);
+  graph_exec moved = std::move(e);
+  CHECK(!e);
+  CHECK(moved.graph_memory_holds() == 1);
+  moved.reset();
+  REQUIRE(reaper_idle());
+  CHECK(p.statistics().graphs == 0);
+}
+
+TEST_CASE("relaunching with the last launch's allocations live is refused, unless freed or auto-freed") {
+  pool p;
+  stream s;
+  void* x = nullptr;
+  captured_graph g = capture_one(p, s, MiB, false, &x);
+  graph_exec e(g);
+  e.launch(s.ref());
+  const auto launches = fake_graphs().launches;
+  CHECK_THROWS_WITH_AS(e.launch(s.ref()), doctest::Contains("still live since its last launch"), std::logic_error);
+  CHECK(fake_graphs().launches == launches);  // nothing launched
+  p.deallocate(x, s.ref());                   // freed after the launch, on a stream after it
+  e.launch(s.ref());                          // makes it again
+  CHECK_THROWS_AS(e.launch(s.ref()), std::logic_error);
+  p.deallocate(x, s.ref());
+
+  graph_exec auto_free(g, CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH);
+  auto_free.launch(s.ref());
+  auto_free.launch(s.ref());
+  CHECK(fake_graphs().launches == launches + 3);
+  g.reset();
+  e.reset();
+  auto_free.reset();
+  REQUIRE(reaper_idle());
+  // The last launch left x live, never freed since: an ordinary allocation of the pool now.
+  CHECK(p.statistics().live_allocations == 1);
+  p.deallocate(x, s.ref());
+}
+
+TEST_CASE("a graph without streamalloc memory; misuse") {
+  stream s, other;
+  CHECK_THROWS_WITH_AS((void)end_capture(s.ref()), doctest::Contains("not being captured"), std::logic_error);
+  cu::cuStreamBeginCapture(handle(s), CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
+  captured_graph g = end_capture(s.ref());
+  CHECK(g.graph_memory_holds() == 0);
+  graph_exec plain(g);
+  CHECK(plain.graph_memory_holds() == 0);
+  plain.launch(s.ref());
+  plain.upload(s.ref());
+
+  graph_exec empty;
+  CHECK_THROWS_WITH_AS(empty.launch(s.ref()), doctest::Contains("empty"), std::logic_error);
+  CHECK_THROWS_WITH_AS(empty.upload(s.ref()), doctest::Contains("empty"), std::logic_error);
+  CHECK_THROWS_WITH_AS(graph_exec(captured_graph{}), doctest::Contains("empty"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(graph_exec(static_cast<cudaGraph_t>(nullptr)), doctest::Contains("empty"), std::invalid_argument);
+  CHECK_THROWS_AS(graph_exec(g, ~0ULL), cuda_error);  // flags the driver refuses
+
+  // Launching into another capture: refused when the executable holds graph memory.
+  pool p;
+  captured_graph held = capture_one(p, s, MiB, true);
+  graph_exec e(held);
+  cu::cuStreamBeginCapture(handle(other), CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
+  CHECK_THROWS_WITH_AS(e.launch(other.ref()), doctest::Contains("child graph node"), std::invalid_argument);
+  captured_graph outer = end_capture(other.ref());
+  held.reset();
+  e.reset();
+  REQUIRE(reaper_idle());
+}
+
+}  // TEST_SUITE
