@@ -1,7 +1,9 @@
 // streamalloc's allocations inside CUDA graphs beside the driver's graph memory nodes
 // (cudaMallocAsync / cudaFreeAsync captured into a graph), in one process, as ratios. streamalloc
-// is used only through its ordinary API: `pool.allocate` / `pool.deallocate` on a stream being
-// captured return and free graph-owned memory at addresses fixed for the graph's life.
+// is used through its ordinary API: `pool.allocate` / `pool.deallocate` on a stream being
+// captured return and free graph-owned memory at addresses fixed for the graph's life, and its
+// graphs are instantiated and launched through `streamalloc::graph_exec` (section 1 also times a
+// raw cudaGraphInstantiate of the same graph, which keeps the user object holding the memory).
 //   1. freed     N blocks (1 MiB .. 256 B) allocated, each written by a kernel, all freed, in one
 //                captured graph: capture, instantiate, first launch (fresh exec, and after
 //                cudaGraphUpload), steady launch (host enqueue, device time between events)
@@ -14,6 +16,8 @@
 //   bench_graphs [--quick] [--json FILE] [--only freed,unfreed,reserved,pairs]
 //                [--capture-mode global|thread|relaxed]      (default global, CUDA's default)
 
+#include <streamalloc/captured_graph.hpp>
+#include <streamalloc/graph_exec.hpp>
 #include <streamalloc/pool.hpp>
 #include <streamalloc/stream.hpp>
 
@@ -161,8 +165,9 @@ std::size_t words_of(const std::vector<std::size_t>& sizes) {
 /// Captures on `s`: the generation bump, every block allocated and written by its own kernel,
 /// the checks if `chk` is given, then every block freed in the graph unless `free_blocks` is
 /// false. `blocks` gets the graph's addresses (fixed for its life, for both allocators).
-cudaGraph_t capture(streamalloc::pool* pool, const streamalloc::stream& s, const std::vector<std::size_t>& sizes,
-                    bool free_blocks, const checker* chk, std::vector<void*>& blocks) {
+streamalloc::captured_graph capture(streamalloc::pool* pool, const streamalloc::stream& s,
+                                    const std::vector<std::size_t>& sizes, bool free_blocks, const checker* chk,
+                                    std::vector<void*>& blocks) {
   blocks.assign(sizes.size(), nullptr);
   BENCH_CHECK(cudaStreamBeginCapture(s.get(), capture_mode));
   next_generation<<<1, 1, 0, s.get()>>>();
@@ -181,9 +186,7 @@ cudaGraph_t capture(streamalloc::pool* pool, const streamalloc::stream& s, const
       else BENCH_CHECK(cudaFreeAsync(p, s.get()));
     }
   }
-  cudaGraph_t g = nullptr;
-  BENCH_CHECK(cudaStreamEndCapture(s.get(), &g));
-  return g;
+  return streamalloc::end_capture(s);  // as cudaStreamEndCapture, knowing streamalloc's memory in it
 }
 
 cudaGraphExec_t instantiate(cudaGraph_t g, unsigned long long flags = 0) {
@@ -192,10 +195,41 @@ cudaGraphExec_t instantiate(cudaGraph_t g, unsigned long long flags = 0) {
   return e;
 }
 
-void destroy(cudaGraph_t g, cudaGraphExec_t e) {
-  BENCH_CHECK(cudaGraphExecDestroy(e));
-  BENCH_CHECK(cudaGraphDestroy(g));
-}
+/// An executable made the way each side is meant to be used: streamalloc's graphs through
+/// `graph_exec` (`ours`), the driver's with cudaGraphInstantiate (`raw`), or streamalloc's with
+/// cudaGraphInstantiate too when `raw_for_streamalloc` (to show what the user object costs).
+struct executable {
+  streamalloc::graph_exec ours;
+  cudaGraphExec_t raw = nullptr;
+
+  executable(const streamalloc::captured_graph& g, bool streamalloc, unsigned long long flags = 0,
+             bool raw_for_streamalloc = false) {
+    if (streamalloc && !raw_for_streamalloc) {
+      ours = streamalloc::graph_exec(g, flags);
+    } else {
+      raw = instantiate(g.get(), flags);
+    }
+  }
+  executable(const executable&) = delete;
+  executable& operator=(const executable&) = delete;
+  ~executable() {
+    if (raw != nullptr) BENCH_CHECK(cudaGraphExecDestroy(raw));
+  }
+  void launch(cudaStream_t s) {
+    if (raw != nullptr) {
+      BENCH_CHECK(cudaGraphLaunch(raw, s));
+    } else {
+      ours.launch(streamalloc::stream_ref{s});
+    }
+  }
+  void upload(cudaStream_t s) {
+    if (raw != nullptr) {
+      BENCH_CHECK(cudaGraphUpload(raw, s));
+    } else {
+      ours.upload(streamalloc::stream_ref{s});
+    }
+  }
+};
 
 struct steady_times {
   double enqueue_us = 0;  ///< host time to enqueue one launch
@@ -204,23 +238,23 @@ struct steady_times {
 
 /// Launches `e` back to back into `s`, in loops of 50, after a warm-up. The loops are short so
 /// that the host seldom waits for room in the launch queue, which would make it time the device.
-steady_times steady(cudaGraphExec_t e, cudaStream_t s) {
+steady_times steady(executable& e, cudaStream_t s) {
   constexpr int per_loop = 50;
-  for (int i = 0; i < 10; ++i) BENCH_CHECK(cudaGraphLaunch(e, s));
+  for (int i = 0; i < 10; ++i) e.launch(s);
   BENCH_CHECK(cudaStreamSynchronize(s));
   std::vector<double> host;
   const std::vector<double> ms = bench::time_ms(s, quick ? 5 : 30, [&] {
     const auto t = clk::now();
-    for (int i = 0; i < per_loop; ++i) BENCH_CHECK(cudaGraphLaunch(e, s));
+    for (int i = 0; i < per_loop; ++i) e.launch(s);
     host.push_back(seconds_since(t) * 1e6 / per_loop);
   });
   return {bench::median(host), bench::median(ms) * 1e3 / per_loop};
 }
 
 /// Host time of one launch until the stream has finished it.
-double launch_and_wait_us(cudaGraphExec_t e, cudaStream_t s) {
+double launch_and_wait_us(executable& e, cudaStream_t s) {
   const auto t = clk::now();
-  BENCH_CHECK(cudaGraphLaunch(e, s));
+  e.launch(s);
   BENCH_CHECK(cudaStreamSynchronize(s));
   return seconds_since(t) * 1e6;
 }
@@ -272,14 +306,13 @@ void freed_graphs() {
     // Checked once per configuration, in a graph with the checks added: launched twice, so the
     // second launch shows a relaunch writing its own pattern at the graph's fixed addresses.
     for (streamalloc::pool* a : allocators) {
-      cudaGraph_t g = capture(a, s, sizes, true, &chk, blocks);
-      cudaGraphExec_t e = instantiate(g);
+      const streamalloc::captured_graph g = capture(a, s, sizes, true, &chk, blocks);
+      executable e(g, a != nullptr);
       for (int launch = 0; launch < 2; ++launch) {
         chk.reset(s.get());
-        BENCH_CHECK(cudaGraphLaunch(e, s.get()));
+        e.launch(s.get());
         chk.verify(s.get(), std::string(who(a)) + ", freed, N=" + std::to_string(n), words_of(sizes), sizes[0]);
       }
-      destroy(g, e);
     }
     // The two allocators interleaved, so that both see the same moments of the machine.
     std::vector<double> cap[2], inst[2], both[2], first[2], uploaded[2];
@@ -287,29 +320,27 @@ void freed_graphs() {
       for (int k = 0; k < 2; ++k) {
         for (bool upload : {false, true}) {
           auto t = clk::now();
-          cudaGraph_t g = capture(allocators[k], s, sizes, true, nullptr, blocks);
+          const streamalloc::captured_graph g = capture(allocators[k], s, sizes, true, nullptr, blocks);
           const double c = seconds_since(t) * 1e6;
           t = clk::now();
-          cudaGraphExec_t e = instantiate(g);
+          executable e(g, k == 0);
           const double i = seconds_since(t) * 1e6;
           cap[k].push_back(c);
           inst[k].push_back(i);
           both[k].push_back(c + i);
           if (upload) {
-            BENCH_CHECK(cudaGraphUpload(e, s.get()));
+            e.upload(s.get());
             BENCH_CHECK(cudaStreamSynchronize(s.get()));
           }
           (upload ? uploaded : first)[k].push_back(launch_and_wait_us(e, s.get()));
-          destroy(g, e);
         }
       }
     }
-    steady_times st[2];
-    for (int k = 0; k < 2; ++k) {
-      cudaGraph_t g = capture(allocators[k], s, sizes, true, nullptr, blocks);
-      cudaGraphExec_t e = instantiate(g);
+    steady_times st[3];  // streamalloc through graph_exec, the driver, streamalloc raw
+    for (int k = 0; k < 3; ++k) {
+      const streamalloc::captured_graph g = capture(allocators[k % 2], s, sizes, true, nullptr, blocks);
+      executable e(g, k != 1, 0, k == 2);
       st[k] = steady(e, s.get());
-      destroy(g, e);
     }
     using bench::median;
     print_measures("freed_N" + std::to_string(n), std::to_string(n),
@@ -319,7 +350,8 @@ void freed_graphs() {
                     {"first launch, fresh exec", "first_launch", median(first[0]), median(first[1])},
                     {"first launch after upload", "first_launch_uploaded", median(uploaded[0]), median(uploaded[1])},
                     {"steady launch, host enqueue", "steady_enqueue", st[0].enqueue_us, st[1].enqueue_us},
-                    {"steady launch, device (events)", "steady_device", st[0].device_us, st[1].device_us}},
+                    {"steady launch, device (events)", "steady_device", st[0].device_us, st[1].device_us},
+                    {"steady, raw exec: host enqueue", "steady_raw_enqueue", st[2].enqueue_us, st[1].enqueue_us}},
                    "\"blocks\": " + std::to_string(n) + ", \"bytes\": " + std::to_string(words_of(sizes) * 4));
   }
   BENCH_CHECK(cudaDeviceSynchronize());
@@ -329,9 +361,9 @@ void freed_graphs() {
 // --- 2. graphs that leave their blocks allocated ------------------------------------------------
 
 void unfreed_graphs() {
-  std::printf("\n2. the same graphs without their frees, launched again and again: the driver's instantiated with\n"
-              "   AutoFreeOnLaunch (each launch frees the last one's blocks), streamalloc's plainly (its graph\n"
-              "   allocations stay valid across launches at fixed addresses): steady launch, us\n");
+  std::printf("\n2. the same graphs without their frees, launched again and again, both instantiated with\n"
+              "   AutoFreeOnLaunch (each launch frees the last one's blocks; streamalloc's make them again at\n"
+              "   the same fixed addresses): steady launch, us\n");
   std::printf("%8s  %-32s %12s %12s %10s\n", "N", "measure", "streamalloc", "mem nodes", "driver/ours");
   streamalloc::pool pool(bench::kept());
   streamalloc::stream s(0);
@@ -342,8 +374,8 @@ void unfreed_graphs() {
     steady_times st[2];
     int k = 0;
     for (streamalloc::pool* a : {&pool, static_cast<streamalloc::pool*>(nullptr)}) {
-      cudaGraph_t g = capture(a, s, sizes, false, nullptr, blocks);
-      cudaGraphExec_t e = instantiate(g, a ? 0 : cudaGraphInstantiateFlagAutoFreeOnLaunch);
+      streamalloc::captured_graph g = capture(a, s, sizes, false, nullptr, blocks);
+      executable e(g, a != nullptr, cudaGraphInstantiateFlagAutoFreeOnLaunch);
       st[k++] = steady(e, s.get());
       // After all those launches the blocks still hold the last launch's pattern at the
       // addresses the capture returned: checked outside the graph.
@@ -356,7 +388,6 @@ void unfreed_graphs() {
         for (void* p : blocks) BENCH_CHECK(cudaFreeAsync(p, s.get()));
         BENCH_CHECK(cudaStreamSynchronize(s.get()));
       }
-      destroy(g, e);
     }
     print_measures("unfreed_N" + std::to_string(n), std::to_string(n),
                    {{"steady launch, host enqueue", "steady_enqueue", st[0].enqueue_us, st[1].enqueue_us},
@@ -379,12 +410,12 @@ std::uint64_t driver_graph_reserved() {
 /// them in turn into `s` (two rounds), and verifies every launch's results; returns the graphs
 /// and execs for the caller to measure and then destroy.
 void launch_k_graphs(streamalloc::pool* pool, const streamalloc::stream& s, int k, const checker& chk,
-                     std::vector<cudaGraph_t>& graphs, std::vector<cudaGraphExec_t>& execs) {
+                     std::vector<streamalloc::captured_graph>& graphs, std::vector<cudaGraphExec_t>& execs) {
   const std::vector<std::size_t> sizes(8, 8 * MiB);
   std::vector<void*> blocks;
   for (int i = 0; i < k; ++i) {
     graphs.push_back(capture(pool, s, sizes, true, &chk, blocks));
-    execs.push_back(instantiate(graphs.back()));
+    execs.push_back(instantiate(graphs.back().get()));
   }
   chk.reset(s.get());
   for (int round = 0; round < 2; ++round) {
@@ -401,10 +432,10 @@ void reserved_memory() {
   streamalloc::stream s(0);
   checker chk;
   for (int k : {1, 4, 16}) {
-    std::vector<cudaGraph_t> graphs;
+    std::vector<streamalloc::captured_graph> graphs;
     std::vector<cudaGraphExec_t> execs;
     auto destroy_all = [&] {
-      for (std::size_t i = 0; i < graphs.size(); ++i) destroy(graphs[i], execs[i]);
+      for (cudaGraphExec_t e : execs) BENCH_CHECK(cudaGraphExecDestroy(e));
       graphs.clear();
       execs.clear();
       BENCH_CHECK(cudaDeviceSynchronize());
