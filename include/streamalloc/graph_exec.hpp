@@ -205,11 +205,13 @@ class graph_exec {
             "holding graph memory is launched on an ordinary stream (to run this graph inside the other, add it "
             "as a child graph node)");
       }
+      // Every pool is asked before any is told: a refusal changes nothing.
       for (detail::graph_tie* t : ties_) {
-        if (std::string why = t->launching(auto_free_); !why.empty()) [[unlikely]] {
+        if (std::string why = t->launch_refusal(auto_free_); !why.empty()) [[unlikely]] {
           throw std::logic_error("streamalloc::graph_exec::launch: " + why);
         }
       }
+      for (detail::graph_tie* t : ties_) t->launched();
     }
     detail::check(detail::cu::cuGraphLaunch_nothrow(exec_, s.get()), "cuGraphLaunch",
                   [] { return std::string("launching a streamalloc::graph_exec"); });

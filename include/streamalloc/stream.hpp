@@ -461,6 +461,7 @@ inline stream_order order_after(stream_ref later, stream_ref earlier) {
  * @throws cuda_error
  */
 inline host_order synchronize_device(int device) {
+  const std::uint64_t sync = detail::ordering().begin_device_sync(device);
   auto points = detail::ordering().begin_synchronize_all();
   std::erase_if(points, [device](auto& p) { return p.first->device() != device; });
   CUresult r = CUDA_SUCCESS;
@@ -470,6 +471,7 @@ inline host_order synchronize_device(int device) {
     r = detail::cu::cuCtxSynchronize_nothrow();
   }
   detail::check(r, "cuCtxSynchronize");
+  detail::ordering().end_device_sync(device, sync);
   detail::ordering().complete_all(points);
   return host_order(0, device, 0);
 }

@@ -13,31 +13,19 @@
 
 #include "fake_driver.hpp"
 
-#include <chrono>
 #include <stdexcept>
-#include <thread>
 
 using namespace streamalloc;
 namespace cu = streamalloc::detail::cu;
 using streamalloc_test::fake_graphs;
 using streamalloc_test::fake_quiesce;
+using streamalloc_test::reaper_idle;
 using streamalloc_test::fake_user_object_refs;
 
 namespace {
 constexpr std::size_t MiB = std::size_t{1} << 20;
 
 CUstream handle(const stream& s) { return reinterpret_cast<CUstream>(s.get()); }
-
-/// Waits (10 s at most) for every hold on graph memory to be let go.
-bool reaper_idle() {
-  fake_quiesce();
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (detail::graph_reaper::instance().outstanding() != 0) {
-    if (std::chrono::steady_clock::now() > until) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  return true;
-}
 
 /// Captures on `s` one allocation of `bytes` from `p`, freed in the graph when `free_inside`.
 captured_graph capture_one(pool& p, stream& s, std::size_t bytes, bool free_inside, void** out = nullptr) {
@@ -133,6 +121,29 @@ TEST_CASE("relaunching with the last launch's allocations live is refused, unles
   // The last launch left x live, never freed since: an ordinary allocation of the pool now.
   CHECK(p.statistics().live_allocations == 1);
   p.deallocate(x, s.ref());
+}
+
+TEST_CASE("a launch refused by one pool changes nothing in another") {
+  pool a, b;
+  stream s;
+  cu::cuStreamBeginCapture(handle(s), CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
+  void* x = a.allocate(MiB, s.ref());
+  void* y = b.allocate(MiB, s.ref());
+  captured_graph g = end_capture(s.ref());
+  REQUIRE(g.graph_memory_holds() == 2);
+  graph_exec e(g);
+  e.launch(s.ref());
+  a.deallocate(x, s.ref());  // a's allocation freed after the launch; b's not
+  CHECK_THROWS_WITH_AS(e.launch(s.ref()), doctest::Contains("still live"), std::logic_error);
+  b.deallocate(y, s.ref());
+  e.launch(s.ref());  // x's free still counts: the refused launch did not make x again
+  a.deallocate(x, s.ref());
+  b.deallocate(y, s.ref());
+  g.reset();
+  e.reset();
+  REQUIRE(reaper_idle());
+  CHECK(a.statistics().live_allocations == 0);
+  CHECK(b.statistics().live_allocations == 0);
 }
 
 TEST_CASE("a graph without streamalloc memory; misuse") {

@@ -13,7 +13,6 @@
 
 #include "fake_driver.hpp"
 
-#include <chrono>
 #include <stdexcept>
 #include <thread>
 
@@ -21,22 +20,13 @@ using namespace streamalloc;
 namespace cu = streamalloc::detail::cu;
 using streamalloc_test::fake_graphs;
 using streamalloc_test::fake_quiesce;
+using streamalloc_test::reaper_idle;
 
 namespace {
 constexpr std::size_t MiB = std::size_t{1} << 20;
 
 CUstream handle(const stream& s) { return reinterpret_cast<CUstream>(s.get()); }
 
-/// Waits (10 s at most) for the reaper to have released every graph tie.
-bool reaper_idle() {
-  fake_quiesce();  // the fake's destructor thread has handed every tie over
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (detail::graph_reaper::instance().outstanding() != 0) {
-    if (std::chrono::steady_clock::now() > until) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  return true;
-}
 }  // namespace
 
 TEST_SUITE("pool_capture") {

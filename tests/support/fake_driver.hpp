@@ -4,13 +4,16 @@
 // with STREAMALLOC_LIBCUDA pointing at it.
 
 #include <streamalloc/detail/driver/driver_loader.hpp>
+#include <streamalloc/detail/pool/graph_reaper.hpp>
 
 #include <doctest/doctest.h>
 
 #include <dlfcn.h>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdlib>
+#include <thread>
 
 namespace streamalloc_test {
 
@@ -81,6 +84,18 @@ inline long long fake_user_object_refs(CUuserObject obj) {
 /// The flags `exec` was instantiated with, or -1 if the fake knows no such exec.
 inline long long fake_exec_flags(CUgraphExec exec) {
   return fake_hook<long long (*)(CUgraphExec)>("fake_cuda_exec_flags")(exec);
+}
+
+/// Waits (10 s at most) for streamalloc's reaper to have let go of every hold on graph memory,
+/// after the fake's destructor thread has handed it every user object's end.
+inline bool reaper_idle() {
+  fake_quiesce();
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (streamalloc::detail::graph_reaper::instance().outstanding() != 0) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
 }
 
 }  // namespace streamalloc_test

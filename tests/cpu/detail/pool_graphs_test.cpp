@@ -37,8 +37,11 @@ struct fixture {
     return pool->allocate_captured(n, capture, s.record->id(), host.key_without_handle(),
                                    streamalloc::placement::packed, [&] { ++ties; });
   }
-  void captured_free(std::uint64_t p, std::uint64_t capture, const test_stream& s) {
-    pool->deallocate_captured(p, capture, s.record->id(), host.key_without_handle(), [&] { ++ties; });
+  /// A free captured on `s`; `known`: the pool is given `s`'s record (a `stream`'s reference).
+  void captured_free(std::uint64_t p, std::uint64_t capture, const test_stream& s, bool known = true) {
+    const stream_key freer = s.key();
+    pool->deallocate_captured(p, capture, s.record->id(), host.key_without_handle(), known ? &freer : nullptr,
+                              [&] { ++ties; });
   }
   void release(std::uint64_t capture) { pool->release_graph(capture, host.key_without_handle()); }
 };
@@ -133,13 +136,64 @@ TEST_CASE("memory allocated outside a capture and freed inside it becomes the gr
   CHECK(f.ties == 1);
   CHECK(f.pool->statistics().live_allocations == 0);
   CHECK(f.pool->statistics().graph_allocations == 1);
-  CHECK(f.pool->graph_adopted_memory(9));
   CHECK_THROWS_WITH_AS(f.pool->deallocate(h, t.key()), doctest::Contains("double free"), std::invalid_argument);
   CHECK_THROWS_AS(f.captured_free(h, 9, s), std::invalid_argument);
   CHECK(f.pool->allocate(MiB, t.key()) != h);
+  SUBCASE("a launched graph freed it: clear when the graph goes") {
+    f.pool->graph_launched(9);
+    f.release(9);
+    CHECK(f.pool->statistics().graph_allocations == 0);
+    CHECK(f.pool->allocate(MiB, t.key()) == h);
+  }
+  SUBCASE("never launched: work enqueued on the capturing stream before the capture may use it") {
+    f.dev->busy.insert(s.native);  // that work has not run
+    f.release(9);
+    CHECK(f.pool->statistics().graph_allocations == 0);
+    CHECK(f.pool->statistics().free_pending == MiB);  // pending on s, not clear
+    CHECK(f.pool->frees_in_flight());                 // closing the pool would wait for the device
+    CHECK(f.pool->allocate(MiB, t.key()) != h);
+    f.dev->run(s.native);  // it ran: the event the pool recorded on s (the capture is over) passed
+    CHECK_FALSE(f.pool->frees_in_flight());
+    CHECK(f.pool->allocate(MiB, t.key()) == h);
+  }
+}
+
+TEST_CASE("memory adopted on a stream the pool cannot name waits for a device-wide synchronization") {
+  fixture f;
+  auto s = make_stream(), t = make_stream();
+  const auto h = f.pool->allocate(MiB, t.key());
+  f.captured_free(h, 9, s, /*known=*/false);
+  const auto syncs_before = ordering().device_syncs_begun(0);
   f.release(9);
   CHECK(f.pool->statistics().graph_allocations == 0);
-  CHECK(f.pool->allocate(MiB, t.key()) == h);  // clear now
+  CHECK(f.pool->frees_in_flight());
+  f.pool->on_synchronize(0);  // no device-wide synchronization began since: still held
+  CHECK(f.pool->allocate(MiB, t.key()) != h);
+  // One that began before the release does not count either.
+  ordering().end_device_sync(0, syncs_before);
+  f.pool->on_synchronize(0);
+  CHECK(f.pool->allocate(MiB, t.key()) != h);
+  const auto sync = ordering().begin_device_sync(0);
+  ordering().end_device_sync(0, sync);
+  f.pool->on_synchronize(0);
+  CHECK_FALSE(f.pool->frees_in_flight());
+  CHECK(f.pool->allocate(MiB, t.key()) == h);
+}
+
+TEST_CASE("a stream retired while a graph holds a block it freed keeps its state until the graph goes") {
+  fixture f;
+  auto s = make_stream(), freer = make_stream();
+  const auto g = f.captured(MiB, 6, s);
+  f.pool->deallocate(g, freer.key());  // after a launch (not seen: a raw one), freed on `freer`
+  f.pool->deallocate(g, freer.key());  // freed again after another raw launch: the newer free counts
+  f.dev->busy.insert(freer.native);  // the work the free is ordered after has not run
+  f.pool->on_retire(freer.record->id());  // the stream's last moment: an event covers the free
+  f.release(6);
+  // Pending on the retired stream, whose state stayed for it: not clear yet.
+  CHECK(f.pool->statistics().free_pending >= MiB);  // with the clear rest of its chunk
+  f.dev->run(freer.native);
+  f.pool->trim_to(0);  // polls that event
+  CHECK(f.pool->statistics().free_pending == 0);
 }
 
 TEST_CASE("bad frees under capture change nothing and say what was wrong") {

@@ -62,7 +62,7 @@ class completion_tracker {
   /// any), and about the pool's events on it, recording one that covers frees not yet covered.
   void settle(state& st, bool query_events, const stream_key& caller, std::vector<block*>& ready) {
     void* const native = query_events ? handle_now(st, caller) : nullptr;
-    if (native != nullptr && !st.pending.empty() && st.newest_stamp > st.record->completed()) {
+    if (native != nullptr && st.has_frees() && st.newest_stamp > st.record->completed()) {
       // An idle stream has executed everything enqueued before the question, frees included:
       // the cheapest proof there is (one query), and complete, where an event only covers the
       // frees made before it was recorded.
@@ -93,7 +93,7 @@ class completion_tracker {
   /// later (raw, per-thread) this is the only way other streams ever learn that those frees ran
   /// without a host synchronization.
   void cover(state& st, const stream_key& s) {
-    if (s.native == nullptr || st.pending.empty() || st.newest_stamp <= st.last_event_epoch ||
+    if (s.native == nullptr || !st.has_frees() || st.newest_stamp <= st.last_event_epoch ||
         st.newest_stamp <= st.record->completed()) {
       return;
     }

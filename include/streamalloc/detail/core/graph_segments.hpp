@@ -35,7 +35,7 @@ struct graph_segment {
   std::vector<block*> blocks;  ///< every block the graph holds, in any graph_use
   /// Blocks freed in the capture, with the stream the free was captured on (the caller's token).
   std::vector<std::pair<std::uint64_t, block*>> freed;
-  /// Set by the first launch made through `graph_exec` (pool_core::graph_launching).
+  /// Set by the first launch made through `graph_exec` (pool_core::graph_launched).
   bool launched = false;
 
   /// The smallest block freed in the capture on `stream` that holds `n` bytes without wasting

@@ -30,6 +30,7 @@
 // stamp either.
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -304,6 +305,26 @@ class ordering_registry {
   /// synchronization that covers all of them).
   inline void complete_all(const std::vector<std::pair<record_ref, std::uint64_t>>& points);
 
+  /// Device-wide synchronizations of each device, counted as they begin and as they end: work
+  /// enqueued on `device` before `device_syncs_begun` returned g is done once
+  /// `device_syncs_done` exceeds g (for what no stream's record can prove: pool_graphs.hpp).
+  /// Devices beyond the first 64 are never counted as synchronized.
+  std::uint64_t begin_device_sync(int device) noexcept {
+    return in_range(device) ? device_syncs_begun_[device].fetch_add(1, std::memory_order_acq_rel) + 1 : 0;
+  }
+  void end_device_sync(int device, std::uint64_t begun) noexcept {
+    if (!in_range(device)) return;
+    std::uint64_t done = device_syncs_done_[device].load(std::memory_order_relaxed);
+    while (begun > done && !device_syncs_done_[device].compare_exchange_weak(done, begun, std::memory_order_release)) {
+    }
+  }
+  [[nodiscard]] std::uint64_t device_syncs_begun(int device) const noexcept {
+    return in_range(device) ? device_syncs_begun_[device].load(std::memory_order_acquire) : 0;
+  }
+  [[nodiscard]] std::uint64_t device_syncs_done(int device) const noexcept {
+    return in_range(device) ? device_syncs_done_[device].load(std::memory_order_acquire) : 0;
+  }
+
   /// Stream `id` is being destroyed (by streamalloc's `stream`); listeners let go of it.
   /// Held meanwhile, so that the record is dropped here, at the end, if nothing else holds it.
   inline void retire(std::uint64_t id);
@@ -375,6 +396,9 @@ class ordering_registry {
   std::uint64_t epoch_floor_ = 0;  // the highest epoch of a dropped record
   std::mutex listener_mutex_;
   std::vector<completion_listener*> listeners_;
+  static constexpr int counted_devices = 64;
+  static bool in_range(int device) noexcept { return device >= 0 && device < counted_devices; }
+  std::array<std::atomic<std::uint64_t>, counted_devices> device_syncs_begun_{}, device_syncs_done_{};
 };
 
 /// The process's registry. Never destroyed: pools and handles may outlive main's locals.

@@ -75,6 +75,7 @@ struct core_options {
   /// Told of each reservation the pool makes (base, size), under its lock.
   std::function<void(std::uint64_t, std::uint64_t)> on_reserve;
   reuse_policy reuse;
+  int device = 0;  ///< the device whose synchronizations complete the pool's work (ordering.hpp)
 };
 
 /// "0x7f..", an address for messages.
@@ -273,24 +274,24 @@ class pool_core final : public completion_listener {
                                   placement where, Tie&& tie);
   /// Frees `p` inside capture `capture`, the free captured on stream `s`: a block of that
   /// capture becomes reusable by it on `s`; a live block allocated outside becomes the graph's
-  /// (freed by it: the pool takes it back when the graph is gone). Throws
-  /// std::invalid_argument, changing nothing, for anything else.
+  /// (freed by it: the pool takes it back when the graph is gone, in the order of the
+  /// capturing stream `freer` when its record is known, else after a device-wide
+  /// synchronization). Throws std::invalid_argument, changing nothing, for anything else.
   template <class Tie>
-  void deallocate_captured(std::uint64_t p, std::uint64_t capture, std::uint64_t s, stream_key host, Tie&& tie);
+  void deallocate_captured(std::uint64_t p, std::uint64_t capture, std::uint64_t s, stream_key host,
+                           const stream_key* freer, Tie&& tie);
   /// The graph of `capture` is gone and the device has finished its launches: its blocks
   /// come back. Those freed after a launch are freed in the order of that free's stream;
   /// those never freed become ordinary live allocations (as the driver's do). Does nothing
   /// for a capture without a segment.
   void release_graph(std::uint64_t capture, stream_key host) noexcept;
-  /// True when the graph of `capture` freed memory allocated outside any capture. Host-time
-  /// work may still use such memory when the graph never ran (only a launch frees it), so the
-  /// caller makes sure the device is idle before release_graph takes it back.
-  bool graph_adopted_memory(std::uint64_t capture);
-  /// An executable of the graph of `capture` is about to be launched (through `graph_exec`,
-  /// which asks): its allocations freed after the last launch are made again. Returns why the
-  /// launch is refused instead (empty when it may go): allocations of the last launch not
-  /// freed since, when the executable does not free them itself (`auto_free`).
-  std::string graph_launching(std::uint64_t capture, bool auto_free);
+  /// Why an executable of the graph of `capture` may not be launched now (empty when it may):
+  /// allocations of the last launch not freed since, when the executable does not free them
+  /// itself (`auto_free`). Asked by `graph_exec` of every pool before any is told of the launch.
+  std::string graph_launch_refusal(std::uint64_t capture, bool auto_free);
+  /// An executable of the graph of `capture` is being launched: its allocations freed after
+  /// the last launch are made again (those frees are void).
+  void graph_launched(std::uint64_t capture) noexcept;
   /// Segments alive (graphs holding memory of the pool).
   [[nodiscard]] std::size_t graphs_alive() {
     std::lock_guard lock(mutex_);
@@ -364,8 +365,9 @@ class pool_core final : public completion_listener {
     streams_.for_each([&](state& st) {
       flush_cache(st);
       settle(st, /*query_events=*/true, stream_key{});
-      in_flight = in_flight || !st.pending.empty();
+      in_flight = in_flight || st.has_frees();
     });
+    in_flight = in_flight || !awaiting_device_idle_.empty();
     return in_flight;
   }
 
@@ -411,6 +413,7 @@ class pool_core final : public completion_listener {
       if (stream == 0) {  // every stream
         streams_.for_each([&](state& st) { flush_cache(st); });
         settle_all(false, stream_key{});
+        clear_after_device_idle();
       } else if (state* st = streams_.find(stream)) {
         flush_cache(*st);
         settle(*st, false, stream_key{});
@@ -455,7 +458,7 @@ class pool_core final : public completion_listener {
   void recycle_retired() {
     streams_.recycle_retired([&](state& st) {
       settle(st, /*query_events=*/true, stream_key{});  // polls its last event; the handle is gone
-      if (!st.pending.empty() || st.cache_bytes != 0 || !st.cache.empty()) return false;
+      if (st.has_frees() || st.cache_bytes != 0 || !st.cache.empty()) return false;
       completion_.drop_events(st, /*wait=*/false);
       return true;
     });
@@ -605,6 +608,13 @@ class pool_core final : public completion_listener {
   graph_segment& segment_for(std::uint64_t capture, Tie& tie);
   /// A host-time free of graph block `p`: true when `p` is one (see pool_graphs.hpp).
   bool free_graph_block(std::uint64_t p, state& st);
+  /// Graph block `b` freed on `st`'s stream now: stamped, and counted in `st.graph_frees`.
+  void hold_graph_free(block* b, state& st) noexcept;
+  /// That free is void or over: uncounted. Returns the freeing stream's state (null when the
+  /// stream was not identified).
+  state* drop_graph_free(block* b) noexcept;
+  /// Frees the blocks of awaiting_device_idle_ that a device-wide synchronization has cleared.
+  void clear_after_device_idle() noexcept;
 
   // --- growth, defragmentation, release (defined in pool_growth.hpp) -------------------------
 
@@ -686,6 +696,9 @@ class pool_core final : public completion_listener {
   stream_table<event> streams_;   // what the pool keeps per stream, and the live accounting
   live_table live_;
   graph_segments graphs_;  // what graphs made by stream capture hold
+  // Blocks of gone graphs that only a device-wide synchronization begun after the device count
+  // given makes free (pool_graphs.hpp).
+  std::vector<std::pair<block*, std::uint64_t>> awaiting_device_idle_;
 };
 
 }  // namespace streamalloc::detail

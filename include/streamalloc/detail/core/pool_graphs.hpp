@@ -62,8 +62,11 @@ std::uint64_t pool_core<Backend>::allocate_captured(std::uint64_t bytes, std::ui
 template <pool_backend Backend>
 template <class Tie>
 void pool_core<Backend>::deallocate_captured(std::uint64_t p, std::uint64_t capture, std::uint64_t s,
-                                             stream_key host, Tie&& tie) {
-  state& st = streams_.state_for(host, mutex_);  // the live accounting's: any state will do
+                                             stream_key host, const stream_key* freer, Tie&& tie) {
+  // The capturing stream's state when its record is known (for memory allocated outside the
+  // capture: see the adoption below); else the host's, for the live accounting (any will do).
+  const bool known_freer = freer != nullptr;
+  state& st = streams_.state_for(known_freer ? *freer : host, mutex_);
   const capture_guard relaxed(backend_);
   std::string refused;
   {
@@ -82,7 +85,13 @@ void pool_core<Backend>::deallocate_captured(std::uint64_t p, std::uint64_t capt
         return;
       }
     } else if (block* b = live_.erase(p)) {
-      // Memory of the host's timeline, freed by the graph: the graph's launches free it.
+      // Memory of the host's timeline, freed by the graph: a launch frees it. Work enqueued on
+      // the capturing stream before the capture began may use it (the graph's launches are not
+      // ordered after that work); if no launch ever runs, the pool takes it back in that
+      // stream's order, so the free is stamped with the stream's clock as a free made now
+      // would be (the pool records nothing on the stream before the capture ends). When the
+      // stream's record is not known (a raw handle: CUDA does not identify a capturing
+      // stream), only a device-wide synchronization proves that work done (release_graph).
       try {
         graphs_.hold(segment_for(capture, tie), b);
       } catch (...) {
@@ -92,6 +101,11 @@ void pool_core<Backend>::deallocate_captured(std::uint64_t p, std::uint64_t capt
       streams_.account_free(st, b->size);
       set_state(b, block_state::graph);
       b->use = graph_use::adopted;
+      if (known_freer) {
+        hold_graph_free(b, st);
+      } else {
+        b->stream = 0;
+      }
       return;
     }
   }
@@ -112,27 +126,33 @@ bool pool_core<Backend>::free_graph_block(std::uint64_t p, state& st) {
   }
   // Live after a launch; freed now, on this stream. The graph keeps the block (its next launch
   // allocates it again, at the same address); this free orders its return when the graph goes.
+  // Freed already: launches made with a raw cudaGraphLaunch are not seen, so this may be the
+  // free after another launch; the newer free orders the return.
+  if (g->use == graph_use::freed_after) (void)drop_graph_free(g);
   g->use = graph_use::freed_after;
-  g->stream = st.record->id();
-  g->stamp = st.record->stamp();
+  hold_graph_free(g, st);
   return true;
 }
 
 template <pool_backend Backend>
-bool pool_core<Backend>::graph_adopted_memory(std::uint64_t capture) {
-  std::lock_guard lock(mutex_);
-  const graph_segment* seg = graphs_.find(capture);
-  if (seg == nullptr) return false;
-  for (const block* b : seg->blocks) {
-    if (b->use == graph_use::adopted) return true;
-  }
-  return false;
+void pool_core<Backend>::hold_graph_free(block* b, state& st) noexcept {
+  b->stream = st.record->id();
+  b->stamp = st.record->stamp();
+  st.newest_stamp = std::max(st.newest_stamp, b->stamp);
+  ++st.graph_frees;
 }
 
 template <pool_backend Backend>
-std::string pool_core<Backend>::graph_launching(std::uint64_t capture, bool auto_free) {
+auto pool_core<Backend>::drop_graph_free(block* b) noexcept -> state* {
+  state* st = b->stream != 0 ? streams_.find(b->stream) : nullptr;
+  if (st != nullptr) --st->graph_frees;  // found: graph_frees kept it in the table
+  return st;
+}
+
+template <pool_backend Backend>
+std::string pool_core<Backend>::graph_launch_refusal(std::uint64_t capture, bool auto_free) {
   std::lock_guard lock(mutex_);
-  graph_segment* seg = graphs_.find(capture);
+  const graph_segment* seg = graphs_.find(capture);
   if (seg == nullptr) return {};
   if (seg->launched && !auto_free) {
     // The driver refuses this too: the launch would make at the same address an allocation
@@ -149,11 +169,20 @@ std::string pool_core<Backend>::graph_launching(std::uint64_t capture, bool auto
              "deallocate on a stream ordered after it), or instantiate with cudaGraphInstantiateFlagAutoFreeOnLaunch";
     }
   }
+  return {};
+}
+
+template <pool_backend Backend>
+void pool_core<Backend>::graph_launched(std::uint64_t capture) noexcept {
+  std::lock_guard lock(mutex_);
+  graph_segment* seg = graphs_.find(capture);
+  if (seg == nullptr) return;
   for (block* b : seg->blocks) {
-    if (b->use == graph_use::freed_after) b->use = graph_use::live;
+    if (b->use != graph_use::freed_after) continue;
+    (void)drop_graph_free(b);  // the launch makes it again: that free is void
+    b->use = graph_use::live;
   }
   seg->launched = true;
-  return {};
 }
 
 template <pool_backend Backend>
@@ -183,15 +212,43 @@ void pool_core<Backend>::release_graph(std::uint64_t capture, stream_key host) n
       if (hst != nullptr) streams_.account_allocate(*hst, b->size);
       continue;
     }
-    if (b->use == graph_use::freed_after) {
-      if (state* freer = streams_.find(b->stream)) {
+    if (b->use == graph_use::adopted && seg->launched) {
+      // A launch freed it and has finished: by the free's contract, every use is ordered
+      // before it.
+      make_clear(b);
+      continue;
+    }
+    if (b->use == graph_use::freed_after || b->use == graph_use::adopted) {
+      if (state* freer = drop_graph_free(b)) {
         free_pending(b, *freer);  // in that stream's order, with the stamp of its free
         continue;
       }
-      // Its stream's state went back to the table: only once all its frees were complete.
+      // An adoption on a stream the pool could not identify: until a device-wide
+      // synchronization, work enqueued before the capture may still use it.
+      try {
+        awaiting_device_idle_.emplace_back(b, ordering().device_syncs_begun(options_.device));
+      } catch (...) {  // out of host memory: held until the pool closes
+      }
+      continue;
     }
     make_clear(b);
   }
+  if (streams_.has_retiring()) {
+    try {
+      recycle_retired();  // a retired stream's state may have been kept for this graph's frees
+    } catch (...) {
+    }
+  }
+}
+
+template <pool_backend Backend>
+void pool_core<Backend>::clear_after_device_idle() noexcept {
+  const std::uint64_t done = ordering().device_syncs_done(options_.device);
+  std::erase_if(awaiting_device_idle_, [&](const std::pair<block*, std::uint64_t>& a) {
+    if (done <= a.second) return false;
+    make_clear(a.first);
+    return true;
+  });
 }
 
 }  // namespace streamalloc::detail

@@ -39,17 +39,22 @@ struct graph_tie : reaper_job {
 
   /// Takes the graph's memory back. Runs once, on the reaper's thread.
   virtual void release() noexcept = 0;
-  /// An executable instantiated from the graph is about to be launched: returns why not (empty
-  /// when it may), as pool_core::graph_launching.
-  virtual std::string launching(bool auto_free) = 0;
+  /// Why an executable instantiated from the graph may not be launched now (empty when it may),
+  /// as pool_core::graph_launch_refusal.
+  virtual std::string launch_refusal(bool auto_free) = 0;
+  /// It is being launched (pool_core::graph_launched).
+  virtual void launched() noexcept = 0;
 
   void hold() noexcept { holders.fetch_add(1, std::memory_order_relaxed); }
   /// Gives back one hold; the last releases the memory (unless cancelled) and deletes the tie.
   void let_go() noexcept {
     if (holders.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
     if (!cancelled) release();
-    graph_reaper::instance().note_released();
+    // Counted as released only once deleted: deleting may drop the last reference to a closed
+    // pool's core, which unmaps its memory, and whoever waits for `outstanding() == 0` (tests,
+    // statistics) must see that done.
     delete this;
+    graph_reaper::instance().note_released();
   }
 
   /// The user object's end, as a reaper job: nothing the driver made from the graph is left.

@@ -135,17 +135,11 @@ struct pool_graph_tie final : graph_tie {
     } catch (...) {  // the context is gone: so is the memory
       return;
     }
-    // Memory allocated outside the capture and freed by the graph is freed by its launches;
-    // if it never ran, work of the host's timeline may still use it: wait for the device. In
-    // relaxed mode, so that another thread's capture neither refuses the wait nor breaks.
-    if (core->graph_adopted_memory(capture)) {
-      const relaxed_capture_mode relaxed;
-      (void)cu::cuCtxSynchronize_nothrow();
-    }
     core->release_graph(capture, host_key());
   }
 
-  std::string launching(bool auto_free) override { return core->graph_launching(capture, auto_free); }
+  std::string launch_refusal(bool auto_free) override { return core->graph_launch_refusal(capture, auto_free); }
+  void launched() noexcept override { core->graph_launched(capture); }
 
   std::shared_ptr<vmm_pool_core> core;
   int device;
@@ -216,6 +210,7 @@ class pool_state {
     props_.address_space = space;  // properties() reports the limit in force
     o.on_reserve = [this](std::uint64_t base, std::uint64_t size) { detail::pools().add(this, base, size); };
     o.reuse = props.reuse;
+    o.device = device;
     detail::ensure_context(device);
     try {
       // Shared: graphs made by capture hold it too (pool_graph_tie). Whoever lets go last
@@ -307,8 +302,11 @@ class pool_state {
     const detail::capture_info capture = detail::capture_of(s.get(), "streamalloc::pool::deallocate");
     if (capture.id != 0) [[unlikely]] {
       const std::uint64_t token = captured_stream(s, "deallocate");
+      // The stream's record when the reference carries it (CUDA cannot be asked during the
+      // capture): the pool then takes memory this graph adopts back in that stream's order.
+      detail::stream_key freer{s.known_record(), s.get()};
       core_->deallocate_captured(reinterpret_cast<std::uint64_t>(p), capture.id, token, detail::host_key(),
-                                 [&] { tie_to_graph(capture); });
+                                 freer.record != nullptr ? &freer : nullptr, [&] { tie_to_graph(capture); });
       return;
     }
     const detail::stream_key key = detail::key_of(s);
