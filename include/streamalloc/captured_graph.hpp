@@ -1,8 +1,8 @@
 #pragma once
 
 /// @file
-/// @brief `end_capture` and `captured_graph`: a graph made by stream capture, owned by a C++
-/// object that knows which streamalloc graph memory it holds.
+/// @brief `end_capture`, `make_graph` and `captured_graph`: a graph made by stream capture (or
+/// built by hand), owned by a C++ object that knows which streamalloc graph memory it holds.
 ///
 /// `cudaStreamEndCapture` returns a bare `cudaGraph_t`; the memory streamalloc allocated in the
 /// capture is tied to it through CUDA user objects (see docs/graphs.md), which every executable
@@ -10,6 +10,7 @@
 /// with `streamalloc::end_capture` instead keeps track of that memory, so that a `graph_exec`
 /// made from the result holds it without the user objects.
 
+#include <streamalloc/detail/driver/context.hpp>
 #include <streamalloc/detail/driver/driver_api.hpp>
 #include <streamalloc/detail/pool/capture.hpp>
 #include <streamalloc/detail/pool/graph_ties.hpp>
@@ -18,6 +19,8 @@
 
 #include <driver_types.h>
 
+#include <atomic>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -30,16 +33,26 @@ class captured_graph;
 namespace detail {
 /// The ties a captured_graph holds (for graph_exec and the tests).
 inline const std::vector<graph_tie*>& ties_of(const captured_graph& g) noexcept;
+/// Adding streamalloc memory to a captured_graph by hand (graph_allocation.hpp).
+struct graph_building;
+
+/// Ids of graphs built by hand, in a space of their own: CUDA numbers captures from 1 up.
+inline std::uint64_t new_built_graph_id() noexcept {
+  static std::atomic<std::uint64_t> next{0};
+  return (std::uint64_t{1} << 63) | next.fetch_add(1, std::memory_order_relaxed);
+}
 }  // namespace detail
 
 static_assert(std::is_same_v<cudaGraph_t, CUgraph>, "cudaGraph_t is expected to be CUgraph");
 
 /**
- * @brief A graph made by stream capture (`cudaGraph_t`), owned: destroyed with this object.
+ * @brief A graph (`cudaGraph_t`) made by stream capture (`end_capture`) or to be built by hand
+ * (`make_graph`), owned: destroyed with this object.
  *
- * Holds the streamalloc graph memory of its capture for its own life too, so that the memory
- * does not depend on the raw graph, which the caller may inspect or change through `get()` but
- * must not destroy. Move-only.
+ * Holds the streamalloc graph memory of its capture, and of the allocations added to it with
+ * `add_allocation` (graph_allocation.hpp), for its own life too, so that the memory does not
+ * depend on the raw graph, which the caller may inspect or change through `get()` but must not
+ * destroy. Move-only.
  */
 class captured_graph {
  public:
@@ -63,6 +76,8 @@ class captured_graph {
   void reset() noexcept {
     if (graph_ != nullptr) (void)detail::cu::cuGraphDestroy_nothrow(graph_);
     graph_ = nullptr;
+    id_ = 0;
+    frees_ = 0;
     for (detail::graph_tie* t : ties_) t->let_go();
     ties_.clear();
   }
@@ -75,16 +90,24 @@ class captured_graph {
 
   void swap(captured_graph& o) noexcept {
     std::swap(graph_, o.graph_);
+    std::swap(id_, o.id_);
+    std::swap(frees_, o.frees_);
     std::swap(ties_, o.ties_);
   }
 
  private:
   friend captured_graph end_capture(stream_ref s);
+  friend captured_graph make_graph();
   friend const std::vector<detail::graph_tie*>& detail::ties_of(const captured_graph& g) noexcept;
+  friend struct detail::graph_building;
 
-  captured_graph(CUgraph g, std::vector<detail::graph_tie*> ties) noexcept : graph_(g), ties_(std::move(ties)) {}
+  captured_graph(CUgraph g, std::uint64_t id, std::vector<detail::graph_tie*> ties) noexcept
+      : graph_(g), id_(id), ties_(std::move(ties)) {}
 
   CUgraph graph_ = nullptr;
+  /// What the pools know its memory by: its capture's id, or one given by make_graph.
+  std::uint64_t id_ = 0;
+  std::size_t frees_ = 0;  ///< free nodes added by hand (graph_allocation.hpp)
   std::vector<detail::graph_tie*> ties_;
 };
 
@@ -115,7 +138,24 @@ inline const std::vector<detail::graph_tie*>& detail::ties_of(const captured_gra
     (void)detail::cu::cuGraphDestroy_nothrow(g);
     throw;
   }
-  return captured_graph(g, std::move(ties));
+  return captured_graph(g, capture.id, std::move(ties));
+}
+
+/**
+ * @brief An empty graph (`cudaGraphCreate`), owned, to build by hand: the driver's node calls
+ * on `get()`, and streamalloc allocations and frees with `add_allocation` and `add_free`
+ * (graph_allocation.hpp).
+ * @throws cuda_error when the driver refuses
+ */
+[[nodiscard]] inline captured_graph make_graph() {
+  CUgraph g = nullptr;
+  CUresult r = detail::cu::cuGraphCreate_nothrow(&g, 0u);
+  if (r == CUDA_ERROR_INVALID_CONTEXT) {
+    detail::ensure_context(0);
+    r = detail::cu::cuGraphCreate_nothrow(&g, 0u);
+  }
+  detail::check(r, "cuGraphCreate", [] { return std::string("streamalloc::make_graph"); });
+  return captured_graph(g, detail::new_built_graph_id(), {});
 }
 
 }  // namespace streamalloc

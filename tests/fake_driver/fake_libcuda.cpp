@@ -87,6 +87,12 @@ using user_object_refs = std::map<CUuserObject, unsigned long long>;
 struct fake_graph {
   bool capturing = false;  // still being built by a capture: not instantiable, not destroyable
   user_object_refs refs;
+  std::vector<CUgraphNode> nodes;  // added by cuGraphAddEmptyNode (captured work has none here)
+};
+
+struct fake_node {
+  CUgraph graph;
+  std::vector<CUgraphNode> dependencies;
 };
 
 struct fake_exec {
@@ -118,6 +124,7 @@ struct state {
   std::map<cuuint64_t, capture> captures;  // begun and not yet ended
   std::unordered_map<const void*, cuuint64_t> capturing_streams;  // stream key -> capture id
   std::map<CUgraph, fake_graph> graphs;
+  std::map<CUgraphNode, fake_node> nodes;
   std::map<CUgraphExec, fake_exec> execs;
   std::map<CUuserObject, user_object> user_objects;
   cuuint64_t next_capture_id = 1;  // 0 is never an id: callers may use it for "none"
@@ -873,6 +880,7 @@ void release_all_locked(const user_object_refs& refs) {
 
 void destroy_graph_locked(std::map<CUgraph, fake_graph>::iterator g) {
   release_all_locked(g->second.refs);
+  for (CUgraphNode n : g->second.nodes) S().nodes.erase(n);
   S().graphs.erase(g);
 }
 
@@ -1004,6 +1012,49 @@ CUresult fake_cuGraphClone(CUgraph* clone_out, CUgraph original) {
   copy.refs = g->second.refs;
   S().graphs[clone] = std::move(copy);
   *clone_out = clone;
+  return CUDA_SUCCESS;
+}
+
+// Graphs built by hand: empty nodes and their dependencies (what streamalloc's graph
+// allocations add and ask), checked as the driver checks them.
+CUresult fake_cuGraphCreate(CUgraph* out, unsigned flags) {
+  if (CUresult r = need_context()) return r;
+  if (out == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard lock(S().m);
+  *out = new_graph_handle_locked<CUgraph>();
+  S().graphs[*out] = fake_graph{};
+  return CUDA_SUCCESS;
+}
+CUresult fake_cuGraphAddEmptyNode(CUgraphNode* out, CUgraph graph, const CUgraphNode* deps, std::size_t n) {
+  if (CUresult r = need_init()) return r;
+  std::lock_guard lock(S().m);
+  auto g = S().graphs.find(graph);
+  if (out == nullptr || g == S().graphs.end() || g->second.capturing || (n != 0 && deps == nullptr)) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    auto d = S().nodes.find(deps[i]);
+    if (d == S().nodes.end() || d->second.graph != graph) return CUDA_ERROR_INVALID_VALUE;
+  }
+  const CUgraphNode node = new_graph_handle_locked<CUgraphNode>();
+  S().nodes[node] = fake_node{graph, std::vector<CUgraphNode>(deps, deps + n)};
+  g->second.nodes.push_back(node);
+  *out = node;
+  return CUDA_SUCCESS;
+}
+CUresult fake_cuGraphNodeGetDependencies(CUgraphNode node, CUgraphNode* deps, CUgraphEdgeData* edges, std::size_t* n) {
+  if (CUresult r = need_init()) return r;
+  std::lock_guard lock(S().m);
+  auto it = S().nodes.find(node);
+  if (it == S().nodes.end() || n == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  const auto& d = it->second.dependencies;
+  if (deps != nullptr) {
+    for (std::size_t i = 0; i < std::min(*n, d.size()); ++i) {
+      deps[i] = d[i];
+      if (edges != nullptr) edges[i] = CUgraphEdgeData{};
+    }
+  }
+  *n = d.size();
   return CUDA_SUCCESS;
 }
 
@@ -1140,7 +1191,8 @@ constexpr versioned newer_abis[] = {{"cuStreamGetCtx", 12050}, {"cuCtxGetDevice"
 // signature under the same name (cuStreamGetCaptureInfo without edge data before 12.3, and with
 // neither graph nor dependencies before 11.3; cuStreamBeginCapture without a mode before 10.1).
 CUresult fake_older_abi() { return CUDA_ERROR_NOT_SUPPORTED; }
-constexpr versioned older_abis[] = {{"cuStreamGetCaptureInfo", 12030}, {"cuStreamBeginCapture", 10010}};
+constexpr versioned older_abis[] = {
+    {"cuStreamGetCaptureInfo", 12030}, {"cuStreamBeginCapture", 10010}, {"cuGraphNodeGetDependencies", 12030}};
 
 struct symbol {
   const char* name;
@@ -1180,7 +1232,8 @@ const symbol symbols[] = {
     FAKE(cuStreamEndCapture), FAKE(cuGraphInstantiateWithFlags), FAKE(cuGraphLaunch),
     FAKE(cuGraphUpload), FAKE(cuGraphExecDestroy), FAKE(cuGraphDestroy), FAKE(cuGraphClone), FAKE(cuUserObjectCreate),
     FAKE(cuUserObjectRetain), FAKE(cuUserObjectRelease), FAKE(cuGraphRetainUserObject),
-    FAKE(cuGraphReleaseUserObject),
+    FAKE(cuGraphReleaseUserObject), FAKE(cuGraphCreate), FAKE(cuGraphAddEmptyNode),
+    FAKE(cuGraphNodeGetDependencies),
 };
 #undef FAKE
 

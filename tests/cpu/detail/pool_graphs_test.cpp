@@ -166,6 +166,7 @@ TEST_CASE("memory adopted on a stream the pool cannot name waits for a device-wi
   const auto syncs_before = ordering().device_syncs_begun(0);
   f.release(9);
   CHECK(f.pool->statistics().graph_allocations == 0);
+  CHECK(f.pool->statistics().free_pending == MiB);
   CHECK(f.pool->frees_in_flight());
   f.pool->on_synchronize(0);  // no device-wide synchronization began since: still held
   CHECK(f.pool->allocate(MiB, t.key()) != h);

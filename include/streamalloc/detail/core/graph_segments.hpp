@@ -33,18 +33,21 @@ namespace streamalloc::detail {
 struct graph_segment {
   std::uint64_t capture = 0;   ///< the capture's id, unique in the process (cuStreamGetCaptureInfo)
   std::vector<block*> blocks;  ///< every block the graph holds, in any graph_use
-  /// Blocks freed in the capture, with the stream the free was captured on (the caller's token).
+  /// Blocks freed in the graph, each with the token of its free: the stream a captured free
+  /// was captured on, or the free node of a graph built by hand (the caller's).
   std::vector<std::pair<std::uint64_t, block*>> freed;
   /// Set by the first launch made through `graph_exec` (pool_core::graph_launched).
   bool launched = false;
 
-  /// The smallest block freed in the capture on `stream` that holds `n` bytes without wasting
-  /// more than as much again; taken off the freed list. Null if none.
-  block* reuse(std::uint64_t stream, std::uint64_t n) noexcept {
+  /// The smallest block freed in the graph by a free `after(token)` says the allocation comes
+  /// after, that holds `n` bytes without wasting more than as much again; taken off the freed
+  /// list. Null if none.
+  template <class After>
+  block* reuse(After&& after, std::uint64_t n) {
     auto best = freed.end();
     for (auto it = freed.begin(); it != freed.end(); ++it) {
       const std::uint64_t size = it->second->size;
-      if (it->first != stream || size < n || size / 2 > n) continue;
+      if (size < n || size / 2 > n || !after(it->first)) continue;
       if (best == freed.end() || size < best->second->size) best = it;
     }
     if (best == freed.end()) return nullptr;

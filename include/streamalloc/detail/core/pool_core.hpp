@@ -62,6 +62,7 @@
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace streamalloc::detail {
@@ -271,7 +272,16 @@ class pool_core final : public completion_listener {
   /// segment yet, to tie the new one's life to the graph; if it throws, nothing changes.
   template <class Tie>
   std::uint64_t allocate_captured(std::uint64_t bytes, std::uint64_t capture, std::uint64_t s, stream_key host,
-                                  placement where, Tie&& tie);
+                                  placement where, Tie&& tie) {
+    return allocate_for_graph(bytes, capture, [s](std::uint64_t token) { return token == s; }, host, where,
+                              std::forward<Tie>(tie));
+  }
+  /// As allocate_captured, for the graph with id `capture` (a capture's, or one streamalloc
+  /// gave a graph built by hand), reusing a block the graph freed where `after(token)` says
+  /// the allocation is ordered after the free with that token.
+  template <class After, class Tie>
+  std::uint64_t allocate_for_graph(std::uint64_t bytes, std::uint64_t capture, After&& after, stream_key host,
+                                   placement where, Tie&& tie);
   /// Frees `p` inside capture `capture`, the free captured on stream `s`: a block of that
   /// capture becomes reusable by it on `s`; a live block allocated outside becomes the graph's
   /// (freed by it: the pool takes it back when the graph is gone, in the order of the
@@ -316,6 +326,7 @@ class pool_core final : public completion_listener {
       s.free_pending += st.pending.bytes() + st.cache_bytes;
       s.largest_free_block = std::max({s.largest_free_block, st.pending.largest(), st.cache.largest()});
     });
+    for (const auto& [b, since] : awaiting_device_idle_) s.free_pending += b->size;  // awaiting proof too
     s.chunks = space_.chunks().size();
     s.remapped_chunks = space_.remapped();
     s.grows = space_.grows();
@@ -324,6 +335,12 @@ class pool_core final : public completion_listener {
     s.graph_allocations = graphs_.blocks();
     s.graphs = graphs_.segments();
     return s;
+  }
+
+  /// The graphs' high-water mark becomes what they hold now.
+  void reset_graph_high() {
+    std::lock_guard lock(mutex_);
+    graphs_.reset_high();
   }
 
   void reset_high_water() {

@@ -29,15 +29,15 @@ graph_segment& pool_core<Backend>::segment_for(std::uint64_t capture, Tie& tie) 
 }
 
 template <pool_backend Backend>
-template <class Tie>
-std::uint64_t pool_core<Backend>::allocate_captured(std::uint64_t bytes, std::uint64_t capture, std::uint64_t s,
-                                                    stream_key host, placement where, Tie&& tie) {
+template <class After, class Tie>
+std::uint64_t pool_core<Backend>::allocate_for_graph(std::uint64_t bytes, std::uint64_t capture, After&& after,
+                                                     stream_key host, placement where, Tie&& tie) {
   const std::uint64_t n = round_up(bytes == 0 ? 1 : bytes, free_bins::quantum);
   state& hst = streams_.state_for(host, mutex_);
   const capture_guard relaxed(backend_);
   std::lock_guard lock(mutex_);
   graph_segment* seg = &segment_for(capture, tie);
-  if (block* again = seg->reuse(s, n)) {
+  if (block* again = seg->reuse(after, n)) {
     again->use = graph_use::live;
     return again->addr;
   }

@@ -44,6 +44,8 @@ struct graph_tie : reaper_job {
   virtual std::string launch_refusal(bool auto_free) = 0;
   /// It is being launched (pool_core::graph_launched).
   virtual void launched() noexcept = 0;
+  /// The pool core whose memory it holds (to tell ties apart).
+  [[nodiscard]] virtual const void* pool_core_address() const noexcept = 0;
 
   void hold() noexcept { holders.fetch_add(1, std::memory_order_relaxed); }
   /// Gives back one hold; the last releases the memory (unless cancelled) and deletes the tie.

@@ -77,6 +77,38 @@ inline pool_directory& pools() {
   return *d;
 }
 
+/// The cores of each device's pools, closed pools' included while graphs keep them: what the
+/// device's graph memory statistics and trim (graph_allocation.hpp) go over. Weak: a core goes
+/// when its pool and graphs do, and its entry with the next walk.
+class device_cores {
+ public:
+  void add(int device, const std::shared_ptr<vmm_pool_core>& core) {
+    std::lock_guard lock(mutex_);
+    cores_.emplace_back(device, core);
+  }
+  /// The live cores of `device`, each held for the caller.
+  std::vector<std::shared_ptr<vmm_pool_core>> of(int device) {
+    std::vector<std::shared_ptr<vmm_pool_core>> out;
+    std::lock_guard lock(mutex_);
+    std::erase_if(cores_, [&](const auto& e) {
+      std::shared_ptr<vmm_pool_core> c = e.second.lock();
+      if (c == nullptr) return true;
+      if (e.first == device) out.push_back(std::move(c));
+      return false;
+    });
+    return out;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<std::pair<int, std::weak_ptr<vmm_pool_core>>> cores_;
+};
+
+inline device_cores& cores_by_device() {
+  static device_cores* d = new device_cores;  // pools may outlive main's locals
+  return *d;
+}
+
 inline stream_key key_of(stream_ref s) { return {&s.record(), s.get()}; }
 
 /// Each device's current pool, when `set_current_pool` set one (null: its default pool).
@@ -140,6 +172,7 @@ struct pool_graph_tie final : graph_tie {
 
   std::string launch_refusal(bool auto_free) override { return core->graph_launch_refusal(capture, auto_free); }
   void launched() noexcept override { core->graph_launched(capture); }
+  [[nodiscard]] const void* pool_core_address() const noexcept override { return core.get(); }
 
   std::shared_ptr<vmm_pool_core> core;
   int device;
@@ -225,6 +258,14 @@ class pool_state {
       detail::pools().remove(this);
       throw;
     }
+    if (props.location.is_device()) {
+      try {
+        detail::cores_by_device().add(device, core_);
+      } catch (...) {
+        close();
+        throw;
+      }
+    }
   }
 
   // Refs, resources, buffers and the pointer directory hold its address.
@@ -275,6 +316,9 @@ class pool_state {
     return {stats.live_allocations, stats.used_current};
   }
 
+  /// Its core's address, which graph ties name (null once closed).
+  [[nodiscard]] const void* core_address() const noexcept { return core_.get(); }
+
   /// True once `close()` has run: the pool then holds nothing and refuses every use.
   [[nodiscard]] bool closed() const noexcept { return core_ == nullptr; }
 
@@ -312,6 +356,23 @@ class pool_state {
     const detail::stream_key key = detail::key_of(s);
     if (key.record->device() != device_) [[unlikely]] throw_wrong_device("deallocate", key.record->device());
     core_->deallocate(reinterpret_cast<std::uint64_t>(p), key);
+  }
+
+  /// Allocates `bytes` in the graph built by hand `graph` (graph_allocation.hpp), reusing a
+  /// block the graph freed where `after(free node)` says the allocation is ordered after it.
+  template <class After>
+  [[nodiscard]] void* allocate_in_graph(std::size_t bytes, detail::capture_info graph, After&& after) {
+    if (!core_) [[unlikely]] throw_closed("allocate (graph_allocation)");
+    return allocate_keyed(bytes == 0 ? 1 : bytes, [&](std::uint64_t n) {
+      return core_->allocate_for_graph(n, graph.id, after, detail::host_key(), placement::packed,
+                                       [&] { tie_to_graph(graph); });
+    });
+  }
+  /// Frees `p` in the graph built by hand `graph`, at free node `node`.
+  void free_in_graph(void* p, detail::capture_info graph, CUgraphNode node) {
+    if (!core_) [[unlikely]] throw_closed("deallocate (graph free node)");
+    core_->deallocate_captured(reinterpret_cast<std::uint64_t>(p), graph.id, reinterpret_cast<std::uint64_t>(node),
+                               detail::host_key(), nullptr, [&] { tie_to_graph(graph); });
   }
 
   [[nodiscard]] void* allocate_sync(std::size_t bytes) {
