@@ -66,6 +66,16 @@ struct spin_counters {
   }
 };
 
+/// Allocates and writes `n` bytes on `other` eight times: never at `h`, which a long kernel uses.
+void allocate_elsewhere(pool& p, stream& other, const void* h, std::size_t n) {
+  for (int i = 0; i < 8; ++i) {
+    void* x = p.allocate(n, other.ref());
+    CHECK_FALSE(overlaps(x, n, h, n));
+    fill_on(x, n, 3u, other.get());
+    p.deallocate(x, other.ref());
+  }
+}
+
 }  // namespace
 
 TEST_SUITE("graph_allocation") {
@@ -143,12 +153,7 @@ TEST_CASE("memory a never-launched graph adopted is not reused while work enqueu
     p.deallocate(h, stream_ref{raw});  // the graph's now: a launch would free it
     { captured_graph g = end_capture(stream_ref{raw}); }  // gone, never launched
     REQUIRE(eventually([&] { return p.statistics().graph_allocations == 0; }));
-    for (int i = 0; i < 8; ++i) {
-      void* x = p.allocate(n, other.ref());
-      CHECK_FALSE(overlaps(x, n, h, n));
-      fill_on(x, n, 3u, other.get());
-      p.deallocate(x, other.ref());
-    }
+    allocate_elsewhere(p, other, h, n);
     CHECK(p.statistics().free_pending >= n);  // awaiting proof that the kernel is done
     (void)synchronize_device(0);  // the proof the pool waited for: the memory is free now
     CHECK(c.read(0) == 0);        // the slow kernel's memory was never written by another
@@ -166,12 +171,7 @@ TEST_CASE("memory a never-launched graph adopted is not reused while work enqueu
     p.deallocate(h, s.ref());
     { captured_graph g = end_capture(s.ref()); }
     REQUIRE(eventually([&] { return p.statistics().graph_allocations == 0; }));
-    for (int i = 0; i < 8; ++i) {
-      void* x = p.allocate(n, other.ref());
-      CHECK_FALSE(overlaps(x, n, h, n));
-      fill_on(x, n, 3u, other.get());
-      p.deallocate(x, other.ref());
-    }
+    allocate_elsewhere(p, other, h, n);
     s.synchronize();  // s is known done: so is the adopted memory
     other.synchronize();
     CHECK(c.read(0) == 0);
