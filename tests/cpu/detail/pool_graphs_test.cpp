@@ -140,9 +140,11 @@ TEST_CASE("memory allocated outside a capture and freed inside it becomes the gr
   CHECK_THROWS_AS(f.captured_free(h, 9, s), std::invalid_argument);
   CHECK(f.pool->allocate(MiB, t.key()) != h);
   SUBCASE("a launched graph freed it: clear when the graph goes") {
+    f.dev->busy.insert(s.native);  // whatever s still runs, the launch's free came after the uses
     f.pool->graph_launched(9);
     f.release(9);
     CHECK(f.pool->statistics().graph_allocations == 0);
+    CHECK_FALSE(f.pool->frees_in_flight());  // nothing left counted on s
     CHECK(f.pool->allocate(MiB, t.key()) == h);
   }
   SUBCASE("never launched: work enqueued on the capturing stream before the capture may use it") {

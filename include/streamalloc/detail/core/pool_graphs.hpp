@@ -215,6 +215,7 @@ void pool_core<Backend>::release_graph(std::uint64_t capture, stream_key host) n
     if (b->use == graph_use::adopted && seg->launched) {
       // A launch freed it and has finished: by the free's contract, every use is ordered
       // before it.
+      (void)drop_graph_free(b);
       make_clear(b);
       continue;
     }
