@@ -63,7 +63,7 @@ struct exec_retirement final : reaper_job {
       (void)cu::cuEventSynchronize_nothrow(done);
       (void)cu::cuEventDestroy_nothrow(done);
     }
-    for (graph_tie* t : ties) t->let_go();
+    for (graph_tie* t : ties) t->let_go_of_launches();
     delete this;
   }
 };
@@ -80,8 +80,10 @@ struct exec_retirement final : reaper_job {
  * graph memory of the graph it was instantiated from.
  *
  * Launch it with `launch(stream)` rather than `cudaGraphLaunch(get(), stream)`: the raw call
- * runs the graph just as well but skips the check for allocations left live by the last
- * launch. Move-only. Destroying it does not wait for its launches; the memory goes back to the
+ * skips the check for allocations left live by the last launch, and, once this executable
+ * alone holds a graph that frees all it allocates, the move of its memory onto the pages the
+ * graphs launched into that stream share (docs/graphs.md): a raw launch into another stream
+ * may then run on pages that stream's graphs do not own. Move-only. Destroying it does not wait for its launches; the memory goes back to the
  * pools once they have finished and nothing else holds it.
  */
 class graph_exec {
@@ -109,7 +111,7 @@ class graph_exec {
     require_driver();
     ties_.reserve(detail::ties_of(graph).size());
     for (detail::graph_tie* t : detail::ties_of(graph)) {
-      t->hold();  // graph holds it: it lives
+      t->hold_for_launches();  // graph holds it: it lives
       ties_.push_back(t);
     }
     try {
@@ -119,7 +121,7 @@ class graph_exec {
       }
     } catch (...) {
       if (exec_ != nullptr) (void)detail::cu::cuGraphExecDestroy_nothrow(exec_);
-      for (detail::graph_tie* t : ties_) t->let_go();
+      for (detail::graph_tie* t : ties_) t->let_go_of_launches();
       throw;
     }
   }
@@ -167,7 +169,7 @@ class graph_exec {
         (void)detail::cu::cuEventSynchronize_nothrow(done_);
         (void)detail::cu::cuEventDestroy_nothrow(done_);
       }
-      for (detail::graph_tie* t : ties_) t->let_go();
+      for (detail::graph_tie* t : ties_) t->let_go_of_launches();
     } else {
       job->done = done_;
       job->ties = std::move(ties_);
@@ -211,6 +213,7 @@ class graph_exec {
           throw std::logic_error("streamalloc::graph_exec::launch: " + why);
         }
       }
+      bind_memory(s);
       for (detail::graph_tie* t : ties_) t->launched();
     }
     detail::check(detail::cu::cuGraphLaunch_nothrow(exec_, s.get()), "cuGraphLaunch",
@@ -222,12 +225,14 @@ class graph_exec {
   }
 
   /// Uploads the executable's work to the device ahead of its first launch
-  /// (`cudaGraphUpload`), as a device-launched graph needs before the device launches it.
-  /// streamalloc graph memory is mapped already: there is no mapping left to do.
+  /// (`cudaGraphUpload`), as a device-launched graph needs before the device launches it, and
+  /// moves graph memory it may share onto the pages of the graphs launched into `s`, so that
+  /// launches into `s` do no mapping work.
   /// @throws std::logic_error when empty
   /// @throws cuda_error when the driver refuses it
   void upload(stream_ref s) {
     if (exec_ == nullptr) [[unlikely]] detail::throw_empty_exec("upload");
+    bind_memory(s);
     detail::check(detail::cu::cuGraphUpload_nothrow(exec_, s.get()), "cuGraphUpload",
                   [] { return std::string("uploading a streamalloc::graph_exec"); });
   }
@@ -250,6 +255,21 @@ class graph_exec {
   [[noreturn]] STREAMALLOC_COLD static void throw_null_graph() {
     throw std::invalid_argument("streamalloc::graph_exec: the graph is empty (pass the captured_graph from "
                                 "streamalloc::end_capture, or a cudaGraph_t)");
+  }
+
+  /// Before a launch or upload into `s`: the memory of each pool this executable alone holds
+  /// moves, if it must, onto the pages shared by the graphs launched into `s` (see the class).
+  void bind_memory(stream_ref s) noexcept {
+    unsigned long long id = 0;
+    bool known = false;
+    for (detail::graph_tie* t : ties_) {
+      if (!t->launched_only_by_one_exec()) continue;
+      if (!known) {
+        if (detail::cu::cuStreamGetId_nothrow(s.get(), &id) != CUDA_SUCCESS) return;  // stays where it is
+        known = true;
+      }
+      t->bind(id + 1, done_);
+    }
   }
 
   /// Instantiates `graph`, or, when this holds its streamalloc memory, a clone of it with the

@@ -49,23 +49,6 @@ cudaGraphNode_t kernel_node(const captured_graph& g, std::vector<cudaGraphNode_t
 
 std::uint32_t* words(const graph_allocation& a) { return static_cast<std::uint32_t*>(a.get()); }
 
-/// The two counters of a slow_check_fill_kernel (mismatches, words visited), made before it
-/// starts: cudaMalloc may synchronize the device.
-struct spin_counters {
-  unsigned long long* d = nullptr;
-  spin_counters() {
-    SA_CUDA_REQUIRE(cudaMalloc(&d, 2 * sizeof *d));
-    SA_CUDA_REQUIRE(cudaMemset(d, 0, 2 * sizeof *d));
-    SA_CUDA_REQUIRE(cudaDeviceSynchronize());
-  }
-  ~spin_counters() { cudaFree(d); }
-  unsigned long long read(int i) const {
-    unsigned long long h[2] = {~0ULL, ~0ULL};
-    SA_CUDA_REQUIRE(cudaMemcpy(h, d, sizeof h, cudaMemcpyDeviceToHost));
-    return h[i];
-  }
-};
-
 /// Allocates and writes `n` bytes on `other` eight times: never at `h`, which a long kernel uses.
 void allocate_elsewhere(pool& p, stream& other, const void* h, std::size_t n) {
   for (int i = 0; i < 8; ++i) {

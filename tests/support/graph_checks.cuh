@@ -47,6 +47,23 @@ struct mismatch_counter {
   }
 };
 
+/// The two counters of a slow_check_fill_kernel (mismatches, words visited), made before it
+/// starts: cudaMalloc may synchronize the device.
+struct spin_counters {
+  unsigned long long* d = nullptr;
+  spin_counters() {
+    SA_CUDA_REQUIRE(cudaMalloc(&d, 2 * sizeof *d));
+    SA_CUDA_REQUIRE(cudaMemset(d, 0, 2 * sizeof *d));
+    SA_CUDA_REQUIRE(cudaDeviceSynchronize());
+  }
+  ~spin_counters() { cudaFree(d); }
+  unsigned long long read(int i) const {
+    unsigned long long h[2] = {~0ULL, ~0ULL};
+    SA_CUDA_REQUIRE(cudaMemcpy(h, d, sizeof h, cudaMemcpyDeviceToHost));
+    return h[i];
+  }
+};
+
 inline void fill_on(void* p, std::size_t bytes, std::uint32_t seed, cudaStream_t s) {
   fill_kernel<<<256, 256, 0, s>>>(static_cast<std::uint32_t*>(p), bytes / 4, seed);
 }

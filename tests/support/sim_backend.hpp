@@ -26,6 +26,7 @@ struct sim_device {
   std::uint64_t next_handle = 1;
   std::map<std::uint64_t, std::uint64_t> handles;  // live handle -> size
   std::map<std::uint64_t, std::uint64_t> mapped;   // va -> size
+  std::map<std::uint64_t, std::uint64_t> mapped_handle;  // va -> the handle mapped there
   std::map<std::uint64_t, std::uint64_t> reserved;  // reservation base -> size
   std::uint64_t addresses_left = ~0ull;             // the process's address space, as it runs out
   std::uint64_t creates = 0, releases = 0, maps = 0, unmaps = 0;
@@ -130,6 +131,7 @@ struct sim_backend {
     if (next != dev->mapped.begin() && std::prev(next)->first + std::prev(next)->second > va)
       throw std::logic_error("map: overlap");
     dev->mapped[va] = bytes;
+    dev->mapped_handle[va] = h;
     ++dev->maps;
   }
   // What the core calls while giving memory back may not throw (pool_backend): a misuse found
@@ -142,11 +144,15 @@ struct sim_backend {
     auto it = dev->mapped.find(va);
     if (it == dev->mapped.end() || it->second != bytes) misuse("unmap: not mapped");
     dev->mapped.erase(it);
+    dev->mapped_handle.erase(va);
     ++dev->unmaps;
   }
   void release(handle& h) noexcept {
     auto it = dev->handles.find(h);
     if (it == dev->handles.end()) misuse("release: unknown handle");
+    for (const auto& [va, mapped] : dev->mapped_handle) {
+      if (mapped == h) misuse("release: the handle is still mapped");
+    }
     dev->physical_used -= it->second;
     dev->handles.erase(it);
     ++dev->releases;

@@ -25,6 +25,7 @@ enum class graph_use : std::uint8_t {
   freed,        ///< freed in the capture: reusable by later allocations captured on that stream
   freed_after,  ///< live after a launch, then freed on a stream (block::stream, block::stamp)
   adopted,      ///< allocated outside the capture and freed inside it: the graph frees it
+  spare,        ///< the graph's own memory no allocation of it has used yet
 };
 
 // Aligned to cache lines (two of them): the fast path writes a block's state and links, and

@@ -132,6 +132,20 @@ class chunk_space {
     free_.give_back(va, node.mapped().size);
     return std::move(node.mapped());
   }
+  /// Unmaps the chunk at `va` and returns it, still held; its addresses stay taken (other
+  /// physical memory is mapped there next: pool_graph_memory.hpp).
+  chunk unmap_in_place(std::uint64_t va) noexcept {
+    auto node = chunks_.extract(va);
+    backend_.unmap(va, node.mapped().size);
+    return std::move(node.mapped());
+  }
+  /// Physical memory made for the pool outside its chunks (pages shared by graphs): counts as
+  /// held until given to release().
+  void note_held(std::uint64_t bytes) noexcept {
+    held_ += bytes;
+    held_high_ = std::max(held_high_, held_);
+    held_seen_.store(held_, std::memory_order_relaxed);
+  }
   /// Gives physical memory back to the device.
   void release(chunk c) noexcept {
     backend_.release(c.h);

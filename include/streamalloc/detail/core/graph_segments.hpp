@@ -14,6 +14,12 @@
 // includes every use the free is ordered after). When the graph is gone and the device has
 // finished its launches, the pool takes the blocks back (pool_core::release_graph).
 //
+// The graph's allocations come from memory of its own: whole chunks of the pool (its
+// "pieces"), never shared with host-time allocations, so that the physical memory under its
+// addresses can be changed. Once only `graph_exec`s launch the graph and it frees everything it
+// allocates, its pieces are mapped onto pages shared by the graphs launched into the same
+// stream (pool_graph_memory.hpp says when and why that is safe).
+//
 // Which capture a call belongs to, and tying a segment's life to its graph (CUDA user objects),
 // is the front's business (detail/pool/); this part is free of CUDA. Not thread-safe: the
 // pool's lock guards it.
@@ -38,6 +44,24 @@ struct graph_segment {
   std::vector<std::pair<std::uint64_t, block*>> freed;
   /// Set by the first launch made through `graph_exec` (pool_core::graph_launched).
   bool launched = false;
+  /// The graph's own memory: whole chunks (address, size), in the order they were taken. Their
+  /// blocks are the graph's, allocated (in `blocks`) or not yet (`spare`).
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> pieces;
+  std::uint64_t piece_bytes = 0;
+  std::vector<block*> spare;
+  /// 0: the pieces' own physical memory is mapped under them; otherwise the id of the stream
+  /// whose shared pages are (pool_graph_memory.hpp).
+  std::uint64_t bound_to = 0;
+  /// Found not to free all it allocates once only a graph_exec held it: never shared.
+  bool keeps_own = false;
+
+  /// Does nothing the graph allocates outlive a launch? Then nothing in its pieces is valid
+  /// between launches, and their physical memory may be another graph's in between.
+  [[nodiscard]] bool frees_all() const noexcept {
+    return std::none_of(blocks.begin(), blocks.end(), [](const block* b) {
+      return b->use == graph_use::live || b->use == graph_use::freed_after;
+    });
+  }
 
   /// The smallest block freed in the graph by a free `after(token)` says the allocation comes
   /// after, that holds `n` bytes without wasting more than as much again; taken off the freed
@@ -76,10 +100,7 @@ class graph_segments {
     if (it == by_capture_.end()) return nullptr;
     std::unique_ptr<graph_segment> seg = std::move(it->second);
     by_capture_.erase(it);
-    for (block* b : seg->blocks) {
-      by_address_.erase(b->addr);
-      bytes_ -= b->size;
-    }
+    for (block* b : seg->blocks) by_address_.erase(b->addr);
     return seg;
   }
 
@@ -89,8 +110,6 @@ class graph_segments {
     by_address_.emplace(b->addr, b);  // the one step that may throw, before anything changes
     seg.blocks.push_back(b);
     b->owner = &seg;
-    bytes_ += b->size;
-    high_ = std::max(high_, bytes_);
   }
 
   /// The graph block starting at `addr`; null if none.
@@ -102,8 +121,19 @@ class graph_segments {
 
   [[nodiscard]] std::size_t segments() const noexcept { return by_capture_.size(); }
   [[nodiscard]] std::size_t blocks() const noexcept { return by_address_.size(); }
-  /// Bytes graphs hold now, and the most they held since the pool was made or the peak reset.
+  /// Bytes graphs hold now, and the most they held since the pool was made or the peak reset:
+  /// counted by the pool core (the pieces' own memory, shared pages, adopted blocks).
   [[nodiscard]] std::uint64_t bytes() const noexcept { return bytes_; }
+  void note_held(std::uint64_t n) noexcept {
+    bytes_ += n;
+    high_ = std::max(high_, bytes_);
+  }
+  void note_released(std::uint64_t n) noexcept { bytes_ -= n; }
+  /// Calls `f(segment&)` for every segment, in no order.
+  template <class F>
+  void for_each(F&& f) const {
+    for (const auto& [capture, seg] : by_capture_) f(*seg);
+  }
   [[nodiscard]] std::uint64_t high() const noexcept { return high_; }
   void reset_high() noexcept { high_ = bytes_; }
 

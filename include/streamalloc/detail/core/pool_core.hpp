@@ -22,7 +22,8 @@
 //   chunk_space.hpp    address reservations and the physical chunks mapped into them
 //   graph_segments.hpp what graphs made by stream capture hold (policy in pool_graphs.hpp)
 // The policy is split by section: pool_sources.hpp (where a request is served from),
-// pool_growth.hpp (growth, remapping, release), pool_graphs.hpp (stream capture).
+// pool_growth.hpp (growth, remapping, release), pool_graphs.hpp (stream capture),
+// pool_graph_memory.hpp (graphs' own memory, and pages shared by graphs of one stream).
 //   pool_backend.hpp   what the core needs from below: physical memory, addresses, events
 // This file is the policy over them: allocate and free, where a request is served from
 // (best fit, joining adjacent free blocks, remapping whole free chunks, growing, waiting on
@@ -126,6 +127,7 @@ class pool_core final : public completion_listener {
       bytes += b->size;
     });
     streams_.for_each([&](state& st) { completion_.drop_events(st, /*wait=*/true); });
+    release_all_pages();
     space_.release_all();
     return {count, bytes};
   }
@@ -266,22 +268,20 @@ class pool_core final : public completion_listener {
   /// Allocates `bytes` for the graph of capture `capture`, the call captured on the stream
   /// named `s` (a token the caller gives each captured stream: CUDA does not identify streams
   /// during their capture):
-  /// a block freed earlier in that capture on `s`, or memory every stream may use at any time
-  /// (`host`: the pool's host pseudo-stream, whose frees are complete when made), never memory
-  /// whose frees are pending. `tie()` is called under the pool lock when the capture has no
-  /// segment yet, to tie the new one's life to the graph; if it throws, nothing changes.
+  /// a block freed earlier in that capture on `s`, or memory of the graph's own
+  /// (pool_graph_memory.hpp), never memory whose frees are pending. `tie()` is called under the
+  /// pool lock when the capture has no segment yet, to tie the new one's life to the graph; if
+  /// it throws, nothing changes.
   template <class Tie>
-  std::uint64_t allocate_captured(std::uint64_t bytes, std::uint64_t capture, std::uint64_t s, stream_key host,
-                                  placement where, Tie&& tie) {
-    return allocate_for_graph(bytes, capture, [s](std::uint64_t token) { return token == s; }, host, where,
+  std::uint64_t allocate_captured(std::uint64_t bytes, std::uint64_t capture, std::uint64_t s, Tie&& tie) {
+    return allocate_for_graph(bytes, capture, [s](std::uint64_t token) { return token == s; },
                               std::forward<Tie>(tie));
   }
   /// As allocate_captured, for the graph with id `capture` (a capture's, or one streamalloc
   /// gave a graph built by hand), reusing a block the graph freed where `after(token)` says
   /// the allocation is ordered after the free with that token.
   template <class After, class Tie>
-  std::uint64_t allocate_for_graph(std::uint64_t bytes, std::uint64_t capture, After&& after, stream_key host,
-                                   placement where, Tie&& tie);
+  std::uint64_t allocate_for_graph(std::uint64_t bytes, std::uint64_t capture, After&& after, Tie&& tie);
   /// Frees `p` inside capture `capture`, the free captured on stream `s`: a block of that
   /// capture becomes reusable by it on `s`; a live block allocated outside becomes the graph's
   /// (freed by it: the pool takes it back when the graph is gone, in the order of the
@@ -302,6 +302,14 @@ class pool_core final : public completion_listener {
   /// An executable of the graph of `capture` is being launched: its allocations freed after
   /// the last launch are made again (those frees are void).
   void graph_launched(std::uint64_t capture) noexcept;
+  /// Before a launch or upload into stream `stream` (any non-zero id, never reused for another
+  /// stream) of the graph of `capture`, when one graph_exec is all that holds it: maps its own
+  /// memory onto the pages shared by the graphs launched into that stream, if it frees all it
+  /// allocates (pool_graph_memory.hpp). `wait_previous()` waits for the graph's last launch
+  /// (false: it could not, and nothing moves); called without the lock, only when memory must
+  /// move. Never fails: memory that cannot move stays where it is, which is correct.
+  template <class Wait>
+  void bind_graph_memory(std::uint64_t capture, std::uint64_t stream, Wait&& wait_previous) noexcept;
   /// Segments alive (graphs holding memory of the pool).
   [[nodiscard]] std::size_t graphs_alive() {
     std::lock_guard lock(mutex_);
@@ -633,6 +641,32 @@ class pool_core final : public completion_listener {
   /// Frees the blocks of awaiting_device_idle_ that a device-wide synchronization has cleared.
   void clear_after_device_idle() noexcept;
 
+  // --- graph memory (defined in pool_graph_memory.hpp) ---------------------------------------
+
+  /// A block of `n` bytes of `seg`'s own memory: a spare block of its pieces, or a new piece's.
+  block* graph_memory_for(graph_segment& seg, std::uint64_t n);
+  /// A new piece for `seg` holding at least `n` bytes, as a spare block; throws core_out_of_memory.
+  void add_graph_piece(graph_segment& seg, std::uint64_t n);
+  /// The pages shared by the graphs launched into one stream, and how many graphs map them.
+  struct shared_pages {
+    std::uint64_t stream = 0;
+    std::vector<handle> pages;  ///< one granule each
+    std::size_t bound = 0;
+  };
+  shared_pages* pages_of(std::uint64_t stream) noexcept;
+  /// Calls `f(address, index)` for each granule of `seg`'s pieces, in order.
+  template <class F>
+  void for_each_granule(const graph_segment& seg, F&& f);
+  /// Maps `seg`'s pieces onto `stream`'s pages (made as needed); throws, changing nothing, when
+  /// it cannot.
+  void rebind(graph_segment& seg, std::uint64_t stream);
+  /// Releases the pages of `stream` no graph maps; forgets them when no graph is bound.
+  void fit_pages(std::uint64_t stream) noexcept;
+  /// A gone graph's pieces, mapped on shared pages: unmapped, out of the chain, addresses given back.
+  void drop_shared_pieces(graph_segment& seg) noexcept;
+  /// Unmaps every graph's shared pages and releases them (the pool is closing).
+  void release_all_pages() noexcept;
+
   // --- growth, defragmentation, release (defined in pool_growth.hpp) -------------------------
 
   /// The free block `st` may use that ends a mapped run with room to grow after it.
@@ -716,6 +750,7 @@ class pool_core final : public completion_listener {
   // Blocks of gone graphs that only a device-wide synchronization begun after the device count
   // given makes free (pool_graphs.hpp).
   std::vector<std::pair<block*, std::uint64_t>> awaiting_device_idle_;
+  std::vector<shared_pages> shared_pages_;  // per stream graphs are launched into
 };
 
 }  // namespace streamalloc::detail
@@ -723,3 +758,4 @@ class pool_core final : public completion_listener {
 #include <streamalloc/detail/core/pool_sources.hpp>  // the definitions of the sources section
 #include <streamalloc/detail/core/pool_growth.hpp>  // the definitions of the growth section
 #include <streamalloc/detail/core/pool_graphs.hpp>  // the definitions of the graphs section
+#include <streamalloc/detail/core/pool_graph_memory.hpp>  // graphs' own memory, shared pages

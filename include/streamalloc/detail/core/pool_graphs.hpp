@@ -31,9 +31,8 @@ graph_segment& pool_core<Backend>::segment_for(std::uint64_t capture, Tie& tie) 
 template <pool_backend Backend>
 template <class After, class Tie>
 std::uint64_t pool_core<Backend>::allocate_for_graph(std::uint64_t bytes, std::uint64_t capture, After&& after,
-                                                     stream_key host, placement where, Tie&& tie) {
+                                                     Tie&& tie) {
   const std::uint64_t n = round_up(bytes == 0 ? 1 : bytes, free_bins::quantum);
-  state& hst = streams_.state_for(host, mutex_);
   const capture_guard relaxed(backend_);
   std::lock_guard lock(mutex_);
   graph_segment* seg = &segment_for(capture, tie);
@@ -41,20 +40,16 @@ std::uint64_t pool_core<Backend>::allocate_for_graph(std::uint64_t bytes, std::u
     again->use = graph_use::live;
     return again->addr;
   }
-  // Memory no work may still be using, now or at any later launch: clear blocks, the host
-  // pseudo-stream's (complete when freed), others' frees known complete, or new memory. Never
-  // a pending free: the graph's launches are not ordered after it. The segment stays when
-  // nothing is found: its graph still releases it.
-  flush_cache(hst);
-  block* b = find_memory(n, hst, host, where, /*may_wait=*/false);
-  take(b, n);
+  // Memory of the graph's own (pool_graph_memory.hpp): no host-time allocation ever gets it
+  // while the graph lives, and no pending free is under it (the graph's launches are not
+  // ordered after any). The segment stays when nothing is found: its graph still releases it.
+  block* b = graph_memory_for(*seg, n);
   try {
     graphs_.hold(*seg, b);
   } catch (...) {
-    make_clear(b);  // every source above is memory no work uses
+    seg->spare.push_back(b);  // graph_memory_for left room
     throw;
   }
-  set_state(b, block_state::graph);
   b->use = graph_use::live;
   return b->addr;
 }
@@ -99,6 +94,7 @@ void pool_core<Backend>::deallocate_captured(std::uint64_t p, std::uint64_t capt
         throw;
       }
       streams_.account_free(st, b->size);
+      graphs_.note_held(b->size);
       set_state(b, block_state::graph);
       b->use = graph_use::adopted;
       if (known_freer) {
@@ -198,7 +194,10 @@ void pool_core<Backend>::release_graph(std::uint64_t capture, stream_key host) n
   if (seg == nullptr) return;
   // Merging below may absorb a block of this segment handled earlier into a later one's
   // neighbour, never one still to come: those are in state graph until their turn.
+  const bool shared = seg->bound_to != 0;
   for (block* b : seg->blocks) {
+    if (b->use == graph_use::adopted) graphs_.note_released(b->size);
+    if (shared && b->use != graph_use::adopted) continue;  // on shared pages: dropped below
     b->owner = nullptr;
     if (b->use == graph_use::live) {
       // Valid after the last launch and never freed: an ordinary live allocation from now on,
@@ -233,6 +232,17 @@ void pool_core<Backend>::release_graph(std::uint64_t capture, stream_key host) n
       continue;
     }
     make_clear(b);
+  }
+  // The graph's own memory: shared pages are the stream's, the pieces leave the pool; pieces
+  // with their own memory become the pool's free memory (what the graph left live stays live).
+  if (shared) {
+    drop_shared_pieces(*seg);
+  } else {
+    graphs_.note_released(seg->piece_bytes);
+    for (block* b : seg->spare) {
+      b->owner = nullptr;
+      make_clear(b);
+    }
   }
   if (streams_.has_retiring()) {
     try {

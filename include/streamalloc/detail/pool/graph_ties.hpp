@@ -44,10 +44,30 @@ struct graph_tie : reaper_job {
   virtual std::string launch_refusal(bool auto_free) = 0;
   /// It is being launched (pool_core::graph_launched).
   virtual void launched() noexcept = 0;
+  /// It is about to be launched or uploaded into the stream with id `stream` (plus one: never
+  /// 0) by the one graph_exec that holds it alone (`launched_only_by_one_exec`): its memory may
+  /// move onto pages shared by the graphs of that stream (pool_core::bind_graph_memory).
+  /// `last`: the event recorded after that executable's last launch.
+  virtual void bind(std::uint64_t stream, CUevent last) noexcept = 0;
   /// The pool core whose memory it holds (to tell ties apart).
   [[nodiscard]] virtual const void* pool_core_address() const noexcept = 0;
 
   void hold() noexcept { holders.fetch_add(1, std::memory_order_relaxed); }
+  /// A hold by a graph_exec, which launches only through `graph_exec::launch`.
+  void hold_for_launches() noexcept {
+    launchers.fetch_add(1, std::memory_order_relaxed);
+    hold();
+  }
+  void let_go_of_launches() noexcept {
+    launchers.fetch_sub(1, std::memory_order_acq_rel);
+    let_go();
+  }
+  /// Is one graph_exec all that holds the memory? Then no graph, clone or raw executable that
+  /// could launch it behind streamalloc's back is left, and none can be made again (the graph
+  /// is gone). Holders only decrease once that is true.
+  [[nodiscard]] bool launched_only_by_one_exec() const noexcept {
+    return launchers.load(std::memory_order_acquire) == 1 && holders.load(std::memory_order_acquire) == 1;
+  }
   /// Gives back one hold; the last releases the memory (unless cancelled) and deletes the tie.
   void let_go() noexcept {
     if (holders.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
@@ -67,6 +87,7 @@ struct graph_tie : reaper_job {
   /// Set when the user object could not be given to the graph: the last let_go releases nothing.
   bool cancelled = false;
   std::atomic<int> holders{1};
+  std::atomic<int> launchers{0};  ///< holders that are graph_execs
 };
 
 /// The ties of each capture whose user objects live and that no `end_capture` took yet, by

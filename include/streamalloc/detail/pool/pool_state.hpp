@@ -172,6 +172,13 @@ struct pool_graph_tie final : graph_tie {
 
   std::string launch_refusal(bool auto_free) override { return core->graph_launch_refusal(capture, auto_free); }
   void launched() noexcept override { core->graph_launched(capture); }
+  void bind(std::uint64_t stream, CUevent last) noexcept override {
+    core->bind_graph_memory(capture, stream, [last] {
+      // Relaxed: another thread's global-mode capture would refuse the wait and break.
+      const relaxed_capture_mode relaxed;
+      return cu::cuEventSynchronize_nothrow(last) == CUDA_SUCCESS;
+    });
+  }
   [[nodiscard]] const void* pool_core_address() const noexcept override { return core.get(); }
 
   std::shared_ptr<vmm_pool_core> core;
@@ -331,8 +338,7 @@ class pool_state {
     if (capture.id != 0) [[unlikely]] {
       const std::uint64_t token = captured_stream(s, "allocate");
       return allocate_keyed(bytes, [&](std::uint64_t n) {
-        return core_->allocate_captured(n, capture.id, token, detail::host_key(), where,
-                                        [&] { tie_to_graph(capture); });
+        return core_->allocate_captured(n, capture.id, token, [&] { tie_to_graph(capture); });
       });
     }
     const detail::stream_key key = detail::key_of(s);
@@ -364,8 +370,7 @@ class pool_state {
   [[nodiscard]] void* allocate_in_graph(std::size_t bytes, detail::capture_info graph, After&& after) {
     if (!core_) [[unlikely]] throw_closed("allocate (graph_allocation)");
     return allocate_keyed(bytes == 0 ? 1 : bytes, [&](std::uint64_t n) {
-      return core_->allocate_for_graph(n, graph.id, after, detail::host_key(), placement::packed,
-                                       [&] { tie_to_graph(graph); });
+      return core_->allocate_for_graph(n, graph.id, after, [&] { tie_to_graph(graph); });
     });
   }
   /// Frees `p` in the graph built by hand `graph`, at free node `node`.
