@@ -42,6 +42,14 @@ graph_exec workspace_graph(pool& p, stream& s, std::uint32_t seed, unsigned long
   return graph_exec(g);  // the graph goes here: the executable alone holds the memory
 }
 
+/// Destroys the executables and waits until the pool has taken their memory back (on
+/// streamalloc's thread, once their launches are done): nothing of it is left held.
+void destroy_all(std::vector<graph_exec>& graphs, pool& p) {
+  graphs.clear();
+  CHECK(eventually([&] { return p.statistics().graphs == 0; }));
+  CHECK(p.statistics().graph_reserved_current == 0);
+}
+
 /// Launches every graph in turn into `s`, `rounds` times, and waits.
 void launch_in_turn(std::vector<graph_exec>& graphs, stream& s, int rounds) {
   for (int r = 0; r < rounds; ++r) {
@@ -76,9 +84,7 @@ TEST_CASE("K graphs launched in turn into one stream hold about the largest one'
   CHECK(c.read(0) == 0);  // every launch found its data where it wrote it
   CHECK(c.read(1) % (graph_bytes / 4) == 0);
   CHECK(c.read(1) >= 4 * k * (graph_bytes / 4));
-  graphs.clear();
-  CHECK(eventually([&] { return p.statistics().graphs == 0; }));
-  CHECK(p.statistics().graph_reserved_current == 0);
+  destroy_all(graphs, p);
 }
 
 TEST_CASE("the same graphs launched into two streams at once never share a page") {
@@ -107,6 +113,7 @@ TEST_CASE("the same graphs launched into two streams at once never share a page"
   CHECK(c.read(0) == 0);
   CHECK(c.read(1) % (graph_bytes / 4) == 0);  // every launch's kernel ran to the end
   CHECK(c.read(1) >= (2 + 6 + 4) * (graph_bytes / 4));
+  destroy_all(graphs, p);
 }
 
 TEST_CASE("a graph whose allocation outlives its launch keeps its own memory; others in its stream do not touch it") {
@@ -131,6 +138,9 @@ TEST_CASE("a graph whose allocation outlives its launch keeps its own memory; ot
   CHECK(c.read(0) == 0);
   CHECK(p.statistics().graph_reserved_current >= n + graph_bytes);
   p.deallocate(kept, s.ref());  // freed after the last launch, as the rules say
+  producer.reset();
+  destroy_all(others, p);
+  CHECK(p.statistics().live_allocations == 0);
 }
 
 TEST_CASE("upload maps ahead: after it, the graph's memory is the stream's shared pages") {
@@ -147,6 +157,7 @@ TEST_CASE("upload maps ahead: after it, the graph's memory is the stream's share
   CHECK(p.statistics().graph_reserved_current <= graph_bytes + 2 * MiB);  // the launches moved nothing
   CHECK(c.read(0) == 0);
   CHECK(c.read(1) == 6 * (graph_bytes / 4));
+  destroy_all(graphs, p);
 }
 
 }  // TEST_SUITE

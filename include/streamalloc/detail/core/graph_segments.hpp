@@ -44,6 +44,8 @@ struct graph_segment {
   std::vector<std::pair<std::uint64_t, block*>> freed;
   /// Set by the first launch made through `graph_exec` (pool_core::graph_launched).
   bool launched = false;
+  /// Blocks in use `live` and `freed_after`: what a launch checks, without walking `blocks`.
+  std::size_t live = 0, freed_after = 0;
   /// The graph's own memory: whole chunks (address, size), in the order they were taken. Their
   /// blocks are the graph's, allocated (in `blocks`) or not yet (`spare`).
   std::vector<std::pair<std::uint64_t, std::uint64_t>> pieces;
@@ -57,11 +59,7 @@ struct graph_segment {
 
   /// Does nothing the graph allocates outlive a launch? Then nothing in its pieces is valid
   /// between launches, and their physical memory may be another graph's in between.
-  [[nodiscard]] bool frees_all() const noexcept {
-    return std::none_of(blocks.begin(), blocks.end(), [](const block* b) {
-      return b->use == graph_use::live || b->use == graph_use::freed_after;
-    });
-  }
+  [[nodiscard]] bool frees_all() const noexcept { return live == 0 && freed_after == 0; }
 
   /// The smallest block freed in the graph by a free `after(token)` says the allocation comes
   /// after, that holds `n` bytes without wasting more than as much again; taken off the freed

@@ -38,6 +38,7 @@ std::uint64_t pool_core<Backend>::allocate_for_graph(std::uint64_t bytes, std::u
   graph_segment* seg = &segment_for(capture, tie);
   if (block* again = seg->reuse(after, n)) {
     again->use = graph_use::live;
+    ++seg->live;
     return again->addr;
   }
   // Memory of the graph's own (pool_graph_memory.hpp): no host-time allocation ever gets it
@@ -51,6 +52,7 @@ std::uint64_t pool_core<Backend>::allocate_for_graph(std::uint64_t bytes, std::u
     throw;
   }
   b->use = graph_use::live;
+  ++seg->live;
   return b->addr;
 }
 
@@ -77,6 +79,7 @@ void pool_core<Backend>::deallocate_captured(std::uint64_t p, std::uint64_t capt
       } else {
         owner.freed.emplace_back(s, g);
         g->use = graph_use::freed;
+        --owner.live;
         return;
       }
     } else if (block* b = live_.erase(p)) {
@@ -124,7 +127,13 @@ bool pool_core<Backend>::free_graph_block(std::uint64_t p, state& st) {
   // allocates it again, at the same address); this free orders its return when the graph goes.
   // Freed already: launches made with a raw cudaGraphLaunch are not seen, so this may be the
   // free after another launch; the newer free orders the return.
-  if (g->use == graph_use::freed_after) (void)drop_graph_free(g);
+  graph_segment& owner = graph_segments::owner_of(g);
+  if (g->use == graph_use::freed_after) {
+    (void)drop_graph_free(g);
+  } else {
+    --owner.live;
+    ++owner.freed_after;
+  }
   g->use = graph_use::freed_after;
   hold_graph_free(g, st);
   return true;
@@ -150,7 +159,7 @@ std::string pool_core<Backend>::graph_launch_refusal(std::uint64_t capture, bool
   std::lock_guard lock(mutex_);
   const graph_segment* seg = graphs_.find(capture);
   if (seg == nullptr) return {};
-  if (seg->launched && !auto_free) {
+  if (seg->launched && !auto_free && seg->live != 0) {
     // The driver refuses this too: the launch would make at the same address an allocation
     // that still holds the last launch's results, which work after that launch may still read.
     std::size_t unfreed = 0;
@@ -173,10 +182,14 @@ void pool_core<Backend>::graph_launched(std::uint64_t capture) noexcept {
   std::lock_guard lock(mutex_);
   graph_segment* seg = graphs_.find(capture);
   if (seg == nullptr) return;
-  for (block* b : seg->blocks) {
-    if (b->use != graph_use::freed_after) continue;
-    (void)drop_graph_free(b);  // the launch makes it again: that free is void
-    b->use = graph_use::live;
+  if (seg->freed_after != 0) {
+    for (block* b : seg->blocks) {
+      if (b->use != graph_use::freed_after) continue;
+      (void)drop_graph_free(b);  // the launch makes it again: that free is void
+      b->use = graph_use::live;
+    }
+    seg->live += seg->freed_after;
+    seg->freed_after = 0;
   }
   seg->launched = true;
 }
