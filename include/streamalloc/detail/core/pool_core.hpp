@@ -21,7 +21,8 @@
 //   completion.hpp     how frees are learned complete (and the rules for stream handles)
 //   chunk_space.hpp    address reservations and the physical chunks mapped into them
 //   graph_segments.hpp what graphs made by stream capture hold (policy in pool_graphs.hpp)
-// The policy is split by section: pool_sources.hpp (where a request is served from),
+// The policy is split by section: pool_free_blocks.hpp (cache, pending and clear bins: how a
+// freed block gets back), pool_sources.hpp (where a request is served from),
 // pool_growth.hpp (growth, remapping, release), pool_graphs.hpp (stream capture),
 // pool_graph_memory.hpp (graphs' own memory, and pages shared by graphs of one stream).
 //   pool_backend.hpp   what the core needs from below: physical memory, addresses, events
@@ -519,17 +520,7 @@ class pool_core final : public completion_listener {
 
   /// Takes `n` bytes from the front of free block `b` (split if larger), removing it from its
   /// bins. The remainder stays where `b` was, with its tag.
-  void take(block* b, std::uint64_t n) {
-    free_bins* bins = b->bins;
-    bins->remove(b);
-    if (b->size - n >= free_bins::quantum) {
-      block* rest = split(b, n);
-      rest->stream = b->stream;
-      rest->stamp = b->stamp;
-      rest->state = b->state;
-      bins->insert(rest);
-    }
-  }
+  void take(block* b, std::uint64_t n);
 
   /// Cuts `b` after its first `n` bytes; returns the rest as a block of its own, in no bins.
   block* split(block* b, std::uint64_t n) { return chain_.split(b, n); }
@@ -544,88 +535,27 @@ class pool_core final : public completion_listener {
   }
 
   /// Moves a stream's fast cache into its pending bins, coalescing.
-  void flush_cache(state& st) {
-    std::vector<block*> blocks;
-    {
-      std::lock_guard lock(st.lock);
-      if (st.cache.empty()) return;
-      blocks.reserve(st.cache.count());
-      st.cache.for_each([&](block* b) {
-        st.cache.remove(b);
-        blocks.push_back(b);
-      });
-      st.cache_bytes = 0;
-    }
-    for (block* b : blocks) free_pending(b, st);
-  }
+  void flush_cache(state& st);
 
   /// Puts a freed block into its stream's pending bins, merging it with free neighbours that
   /// are pending on the same stream or clear (a clear neighbour is absorbed: usable by this
   /// stream at once, by others once this free is known complete). Returns the merged block.
-  block* free_pending(block* b, state& st) {
-    st.newest_stamp = std::max(st.newest_stamp, b->stamp);
-    set_state(b, block_state::pending);
-    b = merge_neighbours(b, &st.pending, &clear_);
-    b->stream = st.record->id();
-    set_state(b, block_state::pending);  // the survivor may have been a clear neighbour
-    st.pending.insert(b);
-    return b;
-  }
+  block* free_pending(block* b, state& st);
 
   /// Merges `b` (in no bins) with its free address neighbours that sit in `bins` or `also`.
   /// The survivor takes `b`'s stream and the newest stamp. Returns it, not yet inserted.
-  block* merge_neighbours(block* b, free_bins* bins, free_bins* also = nullptr) {
-    // The state is read first: a cached or live neighbour may change concurrently (the fast
-    // path), but never into pending or clear, which only happens under the pool lock.
-    auto mergeable = [&](block* x) {
-      if (x == nullptr) return false;
-      const block_state s = state_of(x);
-      return (s == block_state::pending || s == block_state::clear) && (x->bins == bins || (also != nullptr && x->bins == also));
-    };
-    while (mergeable(b->prev_addr)) {
-      block* p = b->prev_addr;
-      p->bins->remove(p);
-      p->stream = b->stream;
-      p->size += b->size;
-      p->stamp = std::max(p->stamp, b->stamp);
-      unlink(b);
-      b = p;
-    }
-    while (mergeable(b->next_addr)) {
-      block* x = b->next_addr;
-      x->bins->remove(x);
-      b->size += x->size;
-      b->stamp = std::max(b->stamp, x->stamp);
-      unlink(x);
-    }
-    return b;
-  }
+  block* merge_neighbours(block* b, free_bins* bins, free_bins* also = nullptr);
 
   /// Removes `x` from the address chain (it has been absorbed by its predecessor).
   void unlink(block* x) { chain_.unlink(x); }
 
   /// Moves a stream's pending blocks whose frees are known complete to the clear bins (see
   /// completion_tracker::settle for how they are found).
-  void settle(state& st, bool query_events, const stream_key& caller) {
-    std::vector<block*> ready;
-    completion_.settle(st, query_events, caller, ready);
-    // Merging may absorb a later block of `ready` into an earlier one's neighbour chain only
-    // once that later block is clear, i.e. after its own turn here, so none is used recycled.
-    for (block* b : ready) make_clear(b);
-  }
+  void settle(state& st, bool query_events, const stream_key& caller);
 
-  void make_clear(block* b) {
-    set_state(b, block_state::clear);
-    b->stream = 0;
-    b->stamp = 0;
-    b = merge_neighbours(b, &clear_);
-    clear_.insert(b);
-  }
+  void make_clear(block* b);
 
-  void settle_all(bool query_events, const stream_key& caller) {
-    streams_.for_each([&](state& st) { settle(st, query_events, caller); });
-    if (streams_.has_retiring()) recycle_retired();
-  }
+  void settle_all(bool query_events, const stream_key& caller);
 
   /// The segment of `capture`, made and tied to its graph by `tie()` if it has none yet (if
   /// `tie` throws, no segment is left). Under the pool lock.
@@ -755,6 +685,7 @@ class pool_core final : public completion_listener {
 
 }  // namespace streamalloc::detail
 
+#include <streamalloc/detail/core/pool_free_blocks.hpp>  // how freed blocks reach the bins
 #include <streamalloc/detail/core/pool_sources.hpp>  // the definitions of the sources section
 #include <streamalloc/detail/core/pool_growth.hpp>  // the definitions of the growth section
 #include <streamalloc/detail/core/pool_graphs.hpp>  // the definitions of the graphs section

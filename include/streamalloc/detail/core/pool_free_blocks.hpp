@@ -1,0 +1,110 @@
+#pragma once
+
+// The pool core's free blocks on their way back: a freed block goes to its stream's fast cache,
+// from there into the stream's pending bins (coalesced with its free neighbours), and into the
+// clear bins once its free is known complete; a request takes its bytes from the front of one.
+// Members of pool_core (pool_core.hpp), defined here to keep each file to one job; included at
+// the end of pool_core.hpp, never on its own.
+
+#include <streamalloc/detail/core/pool_core.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+namespace streamalloc::detail {
+
+template <pool_backend Backend>
+void pool_core<Backend>::take(block* b, std::uint64_t n) {
+  free_bins* bins = b->bins;
+  bins->remove(b);
+  if (b->size - n >= free_bins::quantum) {
+    block* rest = split(b, n);
+    rest->stream = b->stream;
+    rest->stamp = b->stamp;
+    rest->state = b->state;
+    bins->insert(rest);
+  }
+}
+
+template <pool_backend Backend>
+void pool_core<Backend>::flush_cache(state& st) {
+  std::vector<block*> blocks;
+  {
+    std::lock_guard lock(st.lock);
+    if (st.cache.empty()) return;
+    blocks.reserve(st.cache.count());
+    st.cache.for_each([&](block* b) {
+      st.cache.remove(b);
+      blocks.push_back(b);
+    });
+    st.cache_bytes = 0;
+  }
+  for (block* b : blocks) free_pending(b, st);
+}
+
+template <pool_backend Backend>
+block* pool_core<Backend>::free_pending(block* b, state& st) {
+  st.newest_stamp = std::max(st.newest_stamp, b->stamp);
+  set_state(b, block_state::pending);
+  b = merge_neighbours(b, &st.pending, &clear_);
+  b->stream = st.record->id();
+  set_state(b, block_state::pending);  // the survivor may have been a clear neighbour
+  st.pending.insert(b);
+  return b;
+}
+
+template <pool_backend Backend>
+block* pool_core<Backend>::merge_neighbours(block* b, free_bins* bins, free_bins* also) {
+  // The state is read first: a cached or live neighbour may change concurrently (the fast
+  // path), but never into pending or clear, which only happens under the pool lock.
+  auto mergeable = [&](block* x) {
+    if (x == nullptr) return false;
+    const block_state s = state_of(x);
+    return (s == block_state::pending || s == block_state::clear) && (x->bins == bins || (also != nullptr && x->bins == also));
+  };
+  while (mergeable(b->prev_addr)) {
+    block* p = b->prev_addr;
+    p->bins->remove(p);
+    p->stream = b->stream;
+    p->size += b->size;
+    p->stamp = std::max(p->stamp, b->stamp);
+    unlink(b);
+    b = p;
+  }
+  while (mergeable(b->next_addr)) {
+    block* x = b->next_addr;
+    x->bins->remove(x);
+    b->size += x->size;
+    b->stamp = std::max(b->stamp, x->stamp);
+    unlink(x);
+  }
+  return b;
+}
+
+template <pool_backend Backend>
+void pool_core<Backend>::settle(state& st, bool query_events, const stream_key& caller) {
+  std::vector<block*> ready;
+  completion_.settle(st, query_events, caller, ready);
+  // Merging may absorb a later block of `ready` into an earlier one's neighbour chain only
+  // once that later block is clear, i.e. after its own turn here, so none is used recycled.
+  for (block* b : ready) make_clear(b);
+}
+
+template <pool_backend Backend>
+void pool_core<Backend>::make_clear(block* b) {
+  set_state(b, block_state::clear);
+  b->stream = 0;
+  b->stamp = 0;
+  b = merge_neighbours(b, &clear_);
+  clear_.insert(b);
+}
+
+template <pool_backend Backend>
+void pool_core<Backend>::settle_all(bool query_events, const stream_key& caller) {
+  streams_.for_each([&](state& st) { settle(st, query_events, caller); });
+  if (streams_.has_retiring()) recycle_retired();
+}
+
+}  // namespace streamalloc::detail
