@@ -2,7 +2,8 @@
 
 /// @file
 /// @brief Graph memory added by hand: `add_allocation` and `add_free` on a `captured_graph`
-/// (made with `make_graph`, or by capture), `graph_allocation`, and the device's graph memory
+/// (made with `make_graph`, or by capture), `graph_allocation` (for those and for a capture's
+/// own allocations: `allocation_of`, `unfreed_allocations`), and the device's graph memory
 /// statistics and trim.
 ///
 /// The driver's graph memory nodes (`cudaGraphAddMemAllocNode`) allocate at each launch and may
@@ -27,6 +28,7 @@
 #include <streamalloc/error.hpp>
 #include <streamalloc/pool.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -41,10 +43,13 @@ namespace streamalloc {
 static_assert(std::is_same_v<cudaGraphNode_t, CUgraphNode>, "cudaGraphNode_t is expected to be CUgraphNode");
 
 /**
- * @brief An allocation in a graph, added by `add_allocation`: its address (fixed for the
- * graph's life), size, node and graph. Holds the graph's memory of that pool while it lives,
- * like the graph itself: the address stays valid for work ordered after a launch even once the
- * graph is destroyed, until this object goes too. Move-only; holds nothing once moved from.
+ * @brief An allocation in a graph: its address (fixed for the graph's life), size, node and
+ * graph. Made by `add_allocation`, or for an allocation a capture made by `allocation_of` and
+ * `unfreed_allocations`. Holds the graph's memory of that pool while it lives, like the graph
+ * itself: the address stays valid for work ordered after a launch even once the graph is
+ * destroyed, until this object goes too. While one lives, the graph keeps memory of its own
+ * (it is not mapped onto pages other graphs share: graph_exec.hpp). Move-only; holds nothing
+ * once moved from.
  */
 class graph_allocation {
  public:
@@ -73,9 +78,11 @@ class graph_allocation {
 
   /// The memory's address: the same at every launch.
   [[nodiscard]] void* get() const noexcept { return ptr_; }
-  /// The bytes requested.
+  /// The bytes requested from `add_allocation`; for an allocation a capture made, the bytes
+  /// usable at `get()` (those requested, rounded up to the pool's 256-byte quantum).
   [[nodiscard]] std::size_t size() const noexcept { return bytes_; }
-  /// The allocation node: work using the memory depends on it.
+  /// The allocation node: work using the memory depends on it. Null for an allocation a
+  /// capture made (the captured work that uses it comes after it in the capture's order).
   [[nodiscard]] CUgraphNode node() const noexcept { return node_; }
   /// The graph it was added to.
   [[nodiscard]] CUgraph graph() const noexcept { return graph_; }
@@ -142,6 +149,44 @@ struct graph_building {
       }
     }
     return seen;
+  }
+
+  /// An owner of the allocation (`addr`, `bytes`) of `g` that tie `t` holds: one hold more.
+  static graph_allocation owner(const captured_graph& g, graph_tie* t, std::uint64_t addr, std::uint64_t bytes,
+                                CUgraphNode node) noexcept {
+    t->hold();
+    graph_allocation a;
+    a.ptr_ = reinterpret_cast<void*>(addr);
+    a.bytes_ = bytes;
+    a.node_ = node;
+    a.graph_ = g.graph_;
+    a.hold_ = t;
+    return a;
+  }
+
+  static graph_allocation allocation_of(const captured_graph& g, const void* p) {
+    require_graph(g, "allocation_of");
+    const auto addr = reinterpret_cast<std::uint64_t>(p);
+    for (graph_tie* t : g.ties_) {
+      if (const std::uint64_t bytes = t->allocation_size(addr); bytes != 0) return owner(g, t, addr, bytes, nullptr);
+    }
+    throw std::invalid_argument("streamalloc::allocation_of: " + hex(addr) +
+                                " is not the start of an allocation this graph made (by its capture or "
+                                "add_allocation); memory allocated outside the graph, even if the graph frees it, "
+                                "is an ordinary allocation of its pool");
+  }
+
+  static std::vector<graph_allocation> unfreed_allocations(const captured_graph& g) {
+    require_graph(g, "unfreed_allocations");
+    std::vector<std::pair<graph_tie*, std::pair<std::uint64_t, std::uint64_t>>> found;
+    for (graph_tie* t : g.ties_) {
+      for (const auto& range : t->unfreed()) found.emplace_back(t, range);
+    }
+    std::sort(found.begin(), found.end(), [](const auto& x, const auto& y) { return x.second < y.second; });
+    std::vector<graph_allocation> out;
+    out.reserve(found.size());  // owner() cannot throw after this
+    for (const auto& [t, range] : found) out.push_back(owner(g, t, range.first, range.second, nullptr));
+    return out;
   }
 
   static graph_allocation add_allocation(captured_graph& g, pool_ref p, std::size_t bytes,
@@ -232,6 +277,32 @@ inline CUgraphNode add_free(captured_graph& g, const graph_allocation& a,
  */
 inline CUgraphNode add_free(captured_graph& g, void* p, std::span<const CUgraphNode> dependencies = {}) {
   return detail::graph_building::add_free(g, p, dependencies);
+}
+
+/**
+ * @brief The allocation starting at `p` that graph `g` made, by its capture or with
+ * `add_allocation`, as a `graph_allocation` that holds the graph's memory while it lives.
+ *
+ * For a captured allocation this is what `add_allocation` returns for one added by hand: it
+ * keeps the address valid for work after the last launch once the graph and its executables
+ * are gone, and says its size and graph. Any allocation of the graph may be asked for, freed
+ * in the graph or not.
+ * @throws std::invalid_argument when `g` is empty, or `p` is not the start of an allocation `g`
+ *   made (memory allocated outside the graph and freed in it included: that is the pool's)
+ */
+[[nodiscard]] inline graph_allocation allocation_of(const captured_graph& g, const void* p) {
+  return detail::graph_building::allocation_of(g, p);
+}
+
+/**
+ * @brief The allocations graph `g` leaves live after each launch (made in it, by capture or
+ * `add_allocation`, and never freed in it: its outputs), by address, each as a
+ * `graph_allocation`. Those freed since the last launch are included: the next launch makes
+ * them again.
+ * @throws std::invalid_argument when `g` is empty
+ */
+[[nodiscard]] inline std::vector<graph_allocation> unfreed_allocations(const captured_graph& g) {
+  return detail::graph_building::unfreed_allocations(g);
 }
 
 /**

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <stdexcept>
+#include <vector>
 
 using namespace streamalloc;
 namespace cu = streamalloc::detail::cu;
@@ -141,6 +142,62 @@ TEST_CASE("memory allocated outside any graph, freed by a free node") {
     s.synchronize();
     CHECK(p.statistics().graph_allocations == 0);
     CHECK(p.allocate(MiB, s.ref()) == h);  // launched and finished: free again
+  }
+  REQUIRE(reaper_idle());  // nothing of this case is left for the reaper thread
+}
+
+TEST_CASE("a capture's allocations as graph_allocations: found by address, outputs listed, held past the graph") {
+  {
+    pool p, q;
+    stream s;
+    void* outside = p.allocate(MiB, s.ref());
+    cu::cuStreamBeginCapture(reinterpret_cast<CUstream>(s.get()), CU_STREAM_CAPTURE_MODE_GLOBAL);
+    void* work = p.allocate(MiB, s.ref());
+    void* out_p = p.allocate(2 * MiB + 100, s.ref());
+    void* out_q = q.allocate(MiB, s.ref());
+    p.deallocate(work, s.ref());     // freed in the graph: a workspace
+    p.deallocate(outside, s.ref());  // allocated outside, freed by the graph: the pool's
+    captured_graph g = end_capture(s.ref());
+
+    graph_allocation w = allocation_of(g, work);
+    CHECK(w.get() == work);
+    CHECK(w.size() == MiB);
+    CHECK(w.graph() == g.get());
+    CHECK(w.node() == nullptr);
+    CHECK(allocation_of(g, out_p).size() == 2 * MiB + 256);  // rounded to the 256-byte quantum
+    CHECK_THROWS_WITH_AS((void)allocation_of(g, outside), doctest::Contains("not the start of an allocation"),
+                         std::invalid_argument);
+    CHECK_THROWS_AS((void)allocation_of(g, static_cast<char*>(out_p) + 256), std::invalid_argument);
+    CHECK_THROWS_WITH_AS((void)allocation_of(captured_graph{}, work), doctest::Contains("empty"),
+                         std::invalid_argument);
+    captured_graph other = make_graph();
+    graph_allocation theirs = add_allocation(other, p, MiB);
+    CHECK_THROWS_AS((void)allocation_of(g, theirs.get()), std::invalid_argument);
+    CHECK(allocation_of(other, theirs.get()).get() == theirs.get());  // made by hand: found too
+
+    std::vector<graph_allocation> outs = unfreed_allocations(g);
+    REQUIRE(outs.size() == 2);
+    CHECK(outs[0].get() < outs[1].get());
+    CHECK(((outs[0].get() == out_p && outs[1].get() == out_q) || (outs[0].get() == out_q && outs[1].get() == out_p)));
+    CHECK(unfreed_allocations(other).size() == 1);
+
+    // The owners hold the graph's memory of both pools once the graph is gone.
+    g.reset();
+    streamalloc_test::fake_quiesce();
+    CHECK(p.statistics().graphs == 2);  // this graph's (held by w and outs) and other's
+    CHECK(q.statistics().graphs == 1);
+    w.reset();
+    outs.clear();
+    other.reset();
+    theirs.reset();
+    REQUIRE(reaper_idle());
+    CHECK(p.statistics().graphs == 0);
+    CHECK(q.statistics().graphs == 0);
+    // Never freed in the graph: ordinary live allocations now, freed as any other.
+    CHECK(p.find_allocation(out_p).has_value());
+    p.deallocate(out_p, s.ref());
+    q.deallocate(out_q, s.ref());
+    CHECK(p.statistics().live_allocations == 1);  // theirs: left live by its graph, never freed
   }
   REQUIRE(reaper_idle());  // nothing of this case is left for the reaper thread
 }

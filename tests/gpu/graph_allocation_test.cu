@@ -120,6 +120,45 @@ TEST_CASE("the device's graph memory statistics, and trim once the graph is gone
   CHECK(p.statistics().reserved_current == 0);
 }
 
+TEST_CASE("a captured workspace held by allocation_of keeps its contents once the graph and executable are gone") {
+  pool p;
+  stream s, other;
+  constexpr std::size_t n = 8 * MiB;
+  void* ws = nullptr;
+  void* out = nullptr;
+  {
+    SA_CUDA_REQUIRE(cudaStreamBeginCapture(s.get(), cudaStreamCaptureModeGlobal));
+    ws = p.allocate(n, s.ref());
+    out = p.allocate(n, s.ref());
+    fill_async(ws, n, 7u, s.get());
+    fill_async(out, n, 9u, s.get());
+    p.deallocate(ws, s.ref());  // a workspace: freed in the graph, last (nothing reuses it)
+    captured_graph g = end_capture(s.ref());
+    graph_allocation held = allocation_of(g, ws);
+    std::vector<graph_allocation> outs = unfreed_allocations(g);
+    REQUIRE(outs.size() == 1);
+    CHECK(outs[0].get() == out);
+    CHECK(outs[0].size() == n);
+    {
+      graph_exec e(g);
+      e.launch(s.ref());
+      s.synchronize();
+      g.reset();
+    }  // the graph and its executable are gone; `held` and `outs` hold the memory
+    allocate_elsewhere(p, other, ws, n);
+    CHECK(p.statistics().graphs == 1);
+    CHECK(mismatches(ws, n, 7u) == 0);  // what the launch wrote, untouched
+    CHECK(mismatches(out, n, 9u) == 0);
+  }
+  REQUIRE(eventually([&] { return p.statistics().graphs == 0; }));
+  CHECK(p.find_allocation(out).has_value());  // left live by the graph: the pool's allocation now
+  p.deallocate(out, s.ref());
+  s.synchronize();
+  other.synchronize();  // the allocations made elsewhere are known done too
+  p.trim_to(0);
+  CHECK(p.statistics().reserved_current == 0);
+}
+
 TEST_CASE("memory a never-launched graph adopted is not reused while work enqueued before the capture runs") {
   pool p;
   stream other;

@@ -311,6 +311,13 @@ class pool_core final : public completion_listener {
   /// move. Never fails: memory that cannot move stays where it is, which is correct.
   template <class Wait>
   void bind_graph_memory(std::uint64_t capture, std::uint64_t stream, Wait&& wait_previous) noexcept;
+  /// The size of the block at `p` the graph of `capture` allocated (by capture or by hand),
+  /// whether it is live after launches or freed, in the graph or after a launch; 0 when `p` is
+  /// not the start of one (memory the graph adopted is the host's allocation, not the graph's).
+  [[nodiscard]] std::uint64_t graph_block_size(std::uint64_t capture, std::uint64_t p);
+  /// The allocations the graph of `capture` leaves live after each launch, (address, size)
+  /// by address: never freed in the graph, whether or not freed since its last launch.
+  [[nodiscard]] std::vector<std::pair<std::uint64_t, std::uint64_t>> graph_unfreed(std::uint64_t capture);
   /// Segments alive (graphs holding memory of the pool).
   [[nodiscard]] std::size_t graphs_alive() {
     std::lock_guard lock(mutex_);

@@ -6,11 +6,14 @@
 
 #include <streamalloc/detail/core/pool_core.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace streamalloc::detail {
 
@@ -175,6 +178,28 @@ std::string pool_core<Backend>::graph_launch_refusal(std::uint64_t capture, bool
     }
   }
   return {};
+}
+
+template <pool_backend Backend>
+std::uint64_t pool_core<Backend>::graph_block_size(std::uint64_t capture, std::uint64_t p) {
+  std::lock_guard lock(mutex_);
+  block* b = graphs_.at(p);
+  if (b == nullptr || graph_segments::owner_of(b).capture != capture) return 0;
+  return b->use == graph_use::adopted ? 0 : b->size;  // spare blocks are never in the index
+}
+
+template <pool_backend Backend>
+std::vector<std::pair<std::uint64_t, std::uint64_t>> pool_core<Backend>::graph_unfreed(std::uint64_t capture) {
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> out;
+  std::lock_guard lock(mutex_);
+  const graph_segment* seg = graphs_.find(capture);
+  if (seg == nullptr) return out;
+  out.reserve(seg->live + seg->freed_after);
+  for (const block* b : seg->blocks) {
+    if (b->use == graph_use::live || b->use == graph_use::freed_after) out.emplace_back(b->addr, b->size);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 template <pool_backend Backend>

@@ -28,6 +28,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace streamalloc::detail {
@@ -49,6 +50,12 @@ struct graph_tie : reaper_job {
   /// move onto pages shared by the graphs of that stream (pool_core::bind_graph_memory).
   /// `last`: the event recorded after that executable's last launch.
   virtual void bind(std::uint64_t stream, CUevent last) noexcept = 0;
+  /// The size of the allocation starting at `p` that the graph made of this pool; 0 if none
+  /// (pool_core::graph_block_size).
+  [[nodiscard]] virtual std::uint64_t allocation_size(std::uint64_t p) = 0;
+  /// The graph's allocations of this pool left live after each launch, (address, size) by
+  /// address (pool_core::graph_unfreed).
+  [[nodiscard]] virtual std::vector<std::pair<std::uint64_t, std::uint64_t>> unfreed() = 0;
   /// The pool core whose memory it holds (to tell ties apart).
   [[nodiscard]] virtual const void* pool_core_address() const noexcept = 0;
 
