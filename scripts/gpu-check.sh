@@ -3,7 +3,8 @@
 #   1. builds for the GPU's own architecture (sm_90 on Hopper),
 #   2. runs the whole CTest suite with STREAMALLOC_REQUIRE_GPU=1, so a GPU test that cannot
 #      run fails instead of skipping; any skipped test fails this script,
-#   3. runs compute-sanitizer (memcheck) over every GPU test binary and example,
+#   3. runs compute-sanitizer (memcheck) over every GPU test binary and example, and
+#      racecheck over the pool, vmm and graph_exec tests,
 #   4. runs the benches,
 # then prints a summary table. Logs and bench JSON go to $OUT (or ./gpu-check-out).
 #
@@ -86,6 +87,11 @@ if [ $quick -eq 0 ]; then
       echo "--- racecheck $(basename "$bin")"
       compute-sanitizer --tool racecheck --error-exitcode 99 --report-api-errors no "$bin" || rc=1
     done
+    # Without its timing case: 256-kernel graphs launched thousands of times take racecheck
+    # longer than any run may (the rest takes seconds).
+    echo "--- racecheck gpu_graph_exec"
+    compute-sanitizer --tool racecheck --error-exitcode 99 --report-api-errors no "$build"/tests/gpu_graph_exec \
+      --test-case-exclude='*as fast as*' || rc=1
     return $rc
   }
   step sanitizers sanitize

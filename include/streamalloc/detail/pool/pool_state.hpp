@@ -179,6 +179,10 @@ struct pool_graph_tie final : graph_tie {
       return cu::cuEventSynchronize_nothrow(last) == CUDA_SUCCESS;
     });
   }
+  [[nodiscard]] std::uint64_t allocation_size(std::uint64_t p) override { return core->graph_block_size(capture, p); }
+  [[nodiscard]] std::vector<std::pair<std::uint64_t, std::uint64_t>> unfreed() override {
+    return core->graph_unfreed(capture);
+  }
   [[nodiscard]] const void* pool_core_address() const noexcept override { return core.get(); }
 
   std::shared_ptr<vmm_pool_core> core;
@@ -335,12 +339,7 @@ class pool_state {
     if (bytes == 0) return nullptr;
     // Capture first: a capturing stream cannot be looked up (see captured_stream).
     const detail::capture_info capture = detail::capture_of(s.get(), "streamalloc::pool::allocate");
-    if (capture.id != 0) [[unlikely]] {
-      const std::uint64_t token = captured_stream(s, "allocate");
-      return allocate_keyed(bytes, [&](std::uint64_t n) {
-        return core_->allocate_captured(n, capture.id, token, [&] { tie_to_graph(capture); });
-      });
-    }
+    if (capture.id != 0) [[unlikely]] return allocate_in_capture(bytes, s, capture);
     const detail::stream_key key = detail::key_of(s);
     if (key.record->device() != device_) [[unlikely]] throw_wrong_device("allocate", key.record->device());
     return allocate_keyed(bytes, [&](std::uint64_t n) { return core_->allocate(n, key, where); });
@@ -350,15 +349,7 @@ class pool_state {
     if (!core_) [[unlikely]] throw_closed("deallocate");
     if (p == nullptr) return;
     const detail::capture_info capture = detail::capture_of(s.get(), "streamalloc::pool::deallocate");
-    if (capture.id != 0) [[unlikely]] {
-      const std::uint64_t token = captured_stream(s, "deallocate");
-      // The stream's record when the reference carries it (CUDA cannot be asked during the
-      // capture): the pool then takes memory this graph adopts back in that stream's order.
-      detail::stream_key freer{s.known_record(), s.get()};
-      core_->deallocate_captured(reinterpret_cast<std::uint64_t>(p), capture.id, token, detail::host_key(),
-                                 freer.record != nullptr ? &freer : nullptr, [&] { tie_to_graph(capture); });
-      return;
-    }
+    if (capture.id != 0) [[unlikely]] return deallocate_in_capture(p, s, capture);
     const detail::stream_key key = detail::key_of(s);
     if (key.record->device() != device_) [[unlikely]] throw_wrong_device("deallocate", key.record->device());
     core_->deallocate(reinterpret_cast<std::uint64_t>(p), key);
@@ -462,6 +453,23 @@ class pool_state {
   detail::vmm_pool_core& core(const char* member) const {
     if (!core_) [[unlikely]] throw_closed(member);
     return *core_;
+  }
+
+  // The paths of a capturing stream, out of line: kept out of the fast path's code, which
+  // the compiler then lays out and inlines as if capture did not exist.
+  STREAMALLOC_COLD void* allocate_in_capture(std::size_t bytes, stream_ref s, detail::capture_info capture) {
+    const std::uint64_t token = captured_stream(s, "allocate");
+    return allocate_keyed(bytes, [&](std::uint64_t n) {
+      return core_->allocate_captured(n, capture.id, token, [&] { tie_to_graph(capture); });
+    });
+  }
+  STREAMALLOC_COLD void deallocate_in_capture(void* p, stream_ref s, detail::capture_info capture) {
+    const std::uint64_t token = captured_stream(s, "deallocate");
+    // The stream's record when the reference carries it (CUDA cannot be asked during the
+    // capture): the pool then takes memory this graph adopts back in that stream's order.
+    detail::stream_key freer{s.known_record(), s.get()};
+    core_->deallocate_captured(reinterpret_cast<std::uint64_t>(p), capture.id, token, detail::host_key(),
+                               freer.record != nullptr ? &freer : nullptr, [&] { tie_to_graph(capture); });
   }
 
   [[noreturn]] STREAMALLOC_COLD static void throw_closed(const char* member) {
