@@ -2,9 +2,10 @@
 #   MODE=find_package      install this build tree into a prefix, then find_package(streamalloc)
 #   MODE=fetch_content     FetchContent from the local source tree
 #   MODE=add_subdirectory  add_subdirectory of the local source tree
-# Arguments: SOURCE_DIR, BUILD_DIR, WORK_DIR, GENERATOR, CUDA_ARCHITECTURES.
+# Arguments: SOURCE_DIR, BUILD_DIR, WORK_DIR, GENERATOR, CUDA_ARCHITECTURES, STANDARD (how the
+# consumer asks for C++20: consumer/CMakeLists.txt).
 
-foreach(_v SOURCE_DIR BUILD_DIR WORK_DIR GENERATOR MODE)
+foreach(_v SOURCE_DIR BUILD_DIR WORK_DIR GENERATOR MODE STANDARD)
   if(NOT DEFINED ${_v})
     message(FATAL_ERROR "run_consumer.cmake needs -D${_v}=...")
   endif()
@@ -23,7 +24,7 @@ function(run)
 endfunction()
 
 set(_configure ${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/install/consumer -B ${_work}/build
-    -G "${GENERATOR}" -DCONSUME=${MODE} -DSTREAMALLOC_SOURCE_DIR=${SOURCE_DIR})
+    -G "${GENERATOR}" -DCONSUME=${MODE} -DSTANDARD=${STANDARD} -DSTREAMALLOC_SOURCE_DIR=${SOURCE_DIR})
 if(CUDA_ARCHITECTURES)
   list(APPEND _configure "-DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHITECTURES}")
 endif()
