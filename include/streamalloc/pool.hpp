@@ -22,11 +22,18 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 namespace streamalloc {
 
 namespace detail {
+
+/// What a user may pass as a stream by habit and streamalloc takes only as a `stream_ref`: a
+/// raw `cudaStream_t`, `0` or `nullptr` (see the rejecting overloads of `pool_interface`).
+template <class S>
+concept raw_stream_argument =
+    std::is_same_v<S, cudaStream_t> || std::is_integral_v<S> || std::is_same_v<S, std::nullptr_t>;
 
 /**
  * @brief What `pool` and `pool_ref` both offer: every use of a pool but owning it. Each member
@@ -64,6 +71,25 @@ class pool_interface {
    * @throws pool_closed after `close()` (the memory is gone already)
    */
   void deallocate(void* p, stream_ref s) const { state("deallocate").deallocate(p, s); }
+
+  /// Rejected: a raw `cudaStream_t`, `0` or `nullptr` as the stream (a stream is taken as an
+  /// explicit `stream_ref`, so that an integer never becomes one by accident).
+  template <raw_stream_argument S>
+  void* allocate(std::size_t, S, placement = placement::packed) const {
+    static_assert(sizeof(S) == 0,
+                  "streamalloc::pool::allocate: pass a cudaStream_t s as streamalloc::stream_ref{s}: "
+                  "pool.allocate(bytes, streamalloc::stream_ref{s}); for stream 0 say "
+                  "streamalloc::stream_ref::legacy_default() (or per_thread_default())");
+    return nullptr;
+  }
+  /// Rejected: as for `allocate`.
+  template <raw_stream_argument S>
+  void deallocate(void*, S) const {
+    static_assert(sizeof(S) == 0,
+                  "streamalloc::pool::deallocate: pass a cudaStream_t s as streamalloc::stream_ref{s}: "
+                  "pool.deallocate(p, streamalloc::stream_ref{s}); for stream 0 say "
+                  "streamalloc::stream_ref::legacy_default() (or per_thread_default())");
+  }
 
   /**
    * @brief Allocates `bytes` ordered with the host rather than a stream (like `cudaMalloc`):

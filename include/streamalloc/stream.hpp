@@ -107,10 +107,11 @@ class stream_ref {
   constexpr explicit stream_ref(cudaStream_t stream) noexcept : stream_(stream) {}
   /// Views a CCCL stream reference.
   explicit stream_ref(::cuda::stream_ref s) noexcept : stream_(s.get()) {}
+  // Rejected, with the hint on the line compilers quote for a deleted function.
   /// Rejected: an integer is not a stream. Use `legacy_default()` for stream 0.
-  stream_ref(int) = delete;
+  stream_ref(int) = delete;  // an integer is not a stream: stream_ref::legacy_default() is stream 0
   /// Rejected: say `legacy_default()` or `per_thread_default()`.
-  stream_ref(std::nullptr_t) = delete;
+  stream_ref(std::nullptr_t) = delete;  // not a stream: stream_ref::legacy_default() or per_thread_default()
 
   /// The legacy default stream (handle 0), which synchronizes with other blocking streams.
   [[nodiscard]] static stream_ref legacy_default() noexcept { return stream_ref(cudaStreamLegacy); }

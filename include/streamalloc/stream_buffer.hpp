@@ -139,6 +139,24 @@ class basic_stream_buffer {
   basic_stream_buffer(size_type count, stream_ref s, pool_ref p)
       : basic_stream_buffer(count, s, resource_type(p)) {}
 
+  /// Rejected: a raw `cudaStream_t` (or `0`): streamalloc takes a stream as a `stream_ref`, made
+  /// explicitly, so that an integer never becomes a stream by accident.
+  template <class U = T>
+  basic_stream_buffer(size_type, cudaStream_t) {
+    static_assert(detail::dependent_false_v<U>,
+                  "streamalloc::stream_buffer: pass a cudaStream_t s as streamalloc::stream_ref{s}: "
+                  "stream_buffer<T>(count, streamalloc::stream_ref{s}); for stream 0 say "
+                  "streamalloc::stream_ref::legacy_default() (or per_thread_default())");
+  }
+  /// Rejected: as above, with a pool or resource.
+  template <class R, class U = T>
+  basic_stream_buffer(size_type, cudaStream_t, R&&) {
+    static_assert(detail::dependent_false_v<U>,
+                  "streamalloc::stream_buffer: pass a cudaStream_t s as streamalloc::stream_ref{s}: "
+                  "stream_buffer<T>(count, streamalloc::stream_ref{s}, resource); for stream 0 say "
+                  "streamalloc::stream_ref::legacy_default() (or per_thread_default())");
+  }
+
   /// Rejected: anything but a streamalloc pool or pool resource (the buffer grows through its
   /// pool).
   template <class R>
@@ -211,16 +229,19 @@ class basic_stream_buffer {
     check_host_access();
     return data_[i];
   }
-  /// Host iteration, for host-accessible buffers (a device buffer is not a host range).
-  [[nodiscard]] T* begin()
-    requires is_host_accessible
-  {
+  /// Host iteration, for host-accessible buffers. On a device buffer (a range-for over it, say)
+  /// the compiler says why not and what to do instead.
+  template <class U = T>
+  [[nodiscard]] U* begin() {
+    static_assert(is_host_accessible,
+                  "streamalloc::stream_buffer: a device buffer cannot be iterated by host code (a range-for "
+                  "reads its elements on the host); copy_to(host range) on the buffer's stream and iterate "
+                  "that, or allocate a host_stream_buffer from a host pool");
     return host_span().data();
   }
-  [[nodiscard]] T* end()
-    requires is_host_accessible
-  {
-    return begin() + size_;
+  template <class U = T>
+  [[nodiscard]] U* end() {
+    return begin<U>() + size_;
   }
 
   // --- copies, enqueued on stream() ---------------------------------------------------------
