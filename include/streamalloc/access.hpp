@@ -32,9 +32,12 @@ enum class access_flags : unsigned {
  * host physical memory), the CPU's loads and stores.
  */
 struct access_descriptor {
+  /// The device or host location given access.
   memory_location location;
+  /// The access it gets.
   access_flags flags = access_flags::read_write;
 
+  /// The same, as the driver's `CUmemAccessDesc`.
   [[nodiscard]] CUmemAccessDesc native() const noexcept {
     CUmemAccessDesc d{};
     d.location = location.native();
@@ -114,10 +117,12 @@ class access_grant {
     if (who_.size() > 16) throw std::invalid_argument("streamalloc::access_grant: more than 16 locations");
     set_access(address_, size_, who_);
   }
+  /// Takes over `other`'s grant; `other` is left granting nothing.
   access_grant(access_grant&& other) noexcept
       : address_(std::exchange(other.address_, 0)),
         size_(std::exchange(other.size_, 0)),
         who_(std::exchange(other.who_, {})) {}
+  /// Revokes this grant, then takes over `other`'s.
   access_grant& operator=(access_grant&& other) noexcept {
     if (this != &other) {
       (void)revoke_nothrow();
@@ -131,8 +136,11 @@ class access_grant {
   access_grant& operator=(const access_grant&) = delete;
   ~access_grant() { (void)revoke_nothrow(); }
 
+  /// The first address of the range granted.
   [[nodiscard]] CUdeviceptr address() const noexcept { return address_; }
+  /// Bytes granted.
   [[nodiscard]] std::size_t size() const noexcept { return size_; }
+  /// The locations given access, with their flags.
   [[nodiscard]] const std::vector<access_descriptor>& locations() const noexcept { return who_; }
 
   /// Takes the access back now.

@@ -61,8 +61,10 @@ class address_reservation {
     size_ = size;
   }
 
+  /// Takes over `other`'s range; `other` is left empty.
   address_reservation(address_reservation&& other) noexcept
       : address_(std::exchange(other.address_, 0)), size_(std::exchange(other.size_, 0)) {}
+  /// Frees this range, then takes over `other`'s.
   address_reservation& operator=(address_reservation&& other) noexcept {
     if (this != &other) {
       reset();
@@ -81,6 +83,7 @@ class address_reservation {
   [[nodiscard]] void* data() const noexcept { return reinterpret_cast<void*>(address_); }
   /// Bytes reserved.
   [[nodiscard]] std::size_t size() const noexcept { return size_; }
+  /// True while it holds a range.
   [[nodiscard]] explicit operator bool() const noexcept { return address_ != 0; }
   /// True if [p, p + n) lies inside the range.
   [[nodiscard]] bool contains(CUdeviceptr p, std::size_t n = 1) const noexcept {

@@ -59,7 +59,9 @@ class captured_graph {
   /// An empty captured_graph: no graph.
   captured_graph() noexcept = default;
 
+  /// Takes over `o`'s graph and holds; `o` is left empty.
   captured_graph(captured_graph&& o) noexcept { swap(o); }
+  /// Destroys this graph (as `reset`), then takes over `o`'s.
   captured_graph& operator=(captured_graph&& o) noexcept {
     if (this != &o) {
       reset();
@@ -84,10 +86,12 @@ class captured_graph {
 
   /// The driver's handle (a `cudaGraph_t`); null when empty. Owned by this object.
   [[nodiscard]] CUgraph get() const noexcept { return graph_; }
+  /// True while it owns a graph.
   explicit operator bool() const noexcept { return graph_ != nullptr; }
   /// Pools whose memory the capture allocated (one hold on each).
   [[nodiscard]] std::size_t graph_memory_holds() const noexcept { return ties_.size(); }
 
+  /// Exchanges the graphs and holds of the two.
   void swap(captured_graph& o) noexcept {
     std::swap(graph_, o.graph_);
     std::swap(id_, o.id_);

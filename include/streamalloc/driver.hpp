@@ -161,7 +161,9 @@ inline void require_location(memory_location where, int accessing_device) {
 
 /// Free and total memory of `device`, in bytes, as the driver reports them.
 struct device_memory_info {
+  /// Bytes free on the device now.
   std::size_t free = 0;
+  /// Bytes the device has in all.
   std::size_t total = 0;
 };
 

@@ -141,6 +141,7 @@ class driver_unavailable : public cuda_error {
  */
 class not_supported : public cuda_error {
  public:
+  /// `what`: the capability that is missing, as the message says it.
   explicit not_supported(std::string_view what)
       : cuda_error(CUDA_ERROR_NOT_SUPPORTED, "capability check", what) {}
 };

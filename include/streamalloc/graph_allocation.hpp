@@ -54,7 +54,9 @@ static_assert(std::is_same_v<cudaGraphNode_t, CUgraphNode>, "cudaGraphNode_t is 
 class graph_allocation {
  public:
   graph_allocation() noexcept = default;
+  /// Takes over `o`'s hold; `o` is left empty.
   graph_allocation(graph_allocation&& o) noexcept { swap(o); }
+  /// Lets go of this hold (as `reset`), then takes over `o`'s.
   graph_allocation& operator=(graph_allocation&& o) noexcept {
     if (this != &o) {
       reset();
@@ -86,8 +88,10 @@ class graph_allocation {
   [[nodiscard]] CUgraphNode node() const noexcept { return node_; }
   /// The graph it was added to.
   [[nodiscard]] CUgraph graph() const noexcept { return graph_; }
+  /// True while it holds an allocation.
   explicit operator bool() const noexcept { return ptr_ != nullptr; }
 
+  /// Exchanges the allocations held by the two.
   void swap(graph_allocation& o) noexcept {
     std::swap(ptr_, o.ptr_);
     std::swap(bytes_, o.bytes_);

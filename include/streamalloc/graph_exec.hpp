@@ -98,6 +98,7 @@ class graph_exec {
    * When the capture allocated streamalloc memory, the executable is instantiated from a clone
    * of the graph without the user objects that hold it, and this object holds the memory
    * instead: `graph` may be reset or changed afterwards.
+   * @param graph the graph to instantiate (not empty)
    * @param flags cudaGraphInstantiateFlag* values, passed to the driver.
    *   With `cudaGraphInstantiateFlagAutoFreeOnLaunch`, a launch may find the last launch's
    *   allocations still live: it makes them again at the same addresses, as the driver frees
@@ -140,7 +141,9 @@ class graph_exec {
     instantiate(graph, flags);
   }
 
+  /// Takes over `o`'s executable and holds; `o` is left empty.
   graph_exec(graph_exec&& o) noexcept { swap(o); }
+  /// Lets go of this executable (as `reset`), then takes over `o`'s.
   graph_exec& operator=(graph_exec&& o) noexcept {
     if (this != &o) {
       reset();
@@ -244,6 +247,7 @@ class graph_exec {
   /// Pools' graph memory this executable holds (one per pool and capture), without user objects.
   [[nodiscard]] std::size_t graph_memory_holds() const noexcept { return ties_.size(); }
 
+  /// Exchanges the executables and holds of the two.
   void swap(graph_exec& o) noexcept {
     std::swap(exec_, o.exec_);
     std::swap(done_, o.done_);

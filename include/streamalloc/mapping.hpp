@@ -39,6 +39,8 @@ class mapping {
   /**
    * @brief Maps `size` bytes of `memory`, from `memory_offset` on, at address `at`.
    * @param at inside a reservation, aligned to the allocation granularity
+   * @param memory the physical memory to map
+   * @param memory_offset where in `memory` the mapped part begins
    * @param size bytes; 0 means the rest of `memory` after `memory_offset`
    * @throws cuda_error when the driver refuses: CUDA_ERROR_INVALID_VALUE for a range outside
    *         any reservation, already mapped, or misaligned, or an offset past the memory
@@ -90,8 +92,10 @@ class mapping {
     size_ = memory.size();
   }
 
+  /// Takes over `other`'s mapping; `other` is left mapping nothing.
   mapping(mapping&& other) noexcept
       : address_(std::exchange(other.address_, 0)), size_(std::exchange(other.size_, 0)) {}
+  /// Unmaps this range, then takes over `other`'s.
   mapping& operator=(mapping&& other) noexcept {
     if (this != &other) {
       reset();
@@ -104,9 +108,13 @@ class mapping {
   mapping& operator=(const mapping&) = delete;
   ~mapping() { reset(); }
 
+  /// The first mapped address, as the driver types it.
   [[nodiscard]] CUdeviceptr address() const noexcept { return address_; }
+  /// The first mapped address, as a pointer.
   [[nodiscard]] void* data() const noexcept { return reinterpret_cast<void*>(address_); }
+  /// Bytes mapped.
   [[nodiscard]] std::size_t size() const noexcept { return size_; }
+  /// True while it maps a range.
   [[nodiscard]] explicit operator bool() const noexcept { return address_ != 0; }
 
   /// Unmaps now. The addresses stay reserved; the physical memory is freed if nothing else

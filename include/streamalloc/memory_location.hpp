@@ -40,10 +40,13 @@ class memory_location {
   /// Host memory on no particular NUMA node (driver 12.8 and newer).
   static constexpr memory_location host() noexcept { return memory_location(kind::host, 0); }
 
+  /// Device, host NUMA node or host.
   [[nodiscard]] constexpr kind type() const noexcept { return kind_; }
   /// The device ordinal or NUMA node; 0 for `host()`.
   [[nodiscard]] constexpr int id() const noexcept { return id_; }
+  /// Memory of a GPU.
   [[nodiscard]] constexpr bool is_device() const noexcept { return kind_ == kind::device; }
+  /// Host memory (of a NUMA node or of none in particular).
   [[nodiscard]] constexpr bool is_host() const noexcept { return kind_ != kind::device; }
 
   /// The driver's description of this location.
@@ -66,6 +69,7 @@ class memory_location {
     return "host";
   }
 
+  /// Same kind and same device or node.
   friend constexpr bool operator==(memory_location, memory_location) noexcept = default;
 
  private:

@@ -30,6 +30,9 @@
 #include <type_traits>
 
 #ifndef STREAMALLOC_CHECK_ORDERING
+/// 1: misuses of ordering proofs and host access the compiler cannot see are checked at run
+/// time (`ordering_error`); 0: not. Defaults to 1 without `NDEBUG` (debug builds), 0 with it.
+/// Define it before including streamalloc to choose.
 #ifdef NDEBUG
 #define STREAMALLOC_CHECK_ORDERING 0
 #else
@@ -45,6 +48,8 @@
 // the one-definition rule). With the namespace each side keeps its own; a function that passes
 // a stream buffer from one mode to the other no longer links, and says so.
 #if STREAMALLOC_CHECK_ORDERING != 0
+/// The inline namespace holding what the checks change (see above); set by
+/// STREAMALLOC_CHECK_ORDERING, not by users.
 #define STREAMALLOC_ORDERING_MODE ordering_checked
 #else
 #define STREAMALLOC_ORDERING_MODE ordering_unchecked
@@ -98,6 +103,7 @@ class host_order {
   [[nodiscard]] constexpr std::uint64_t stream() const noexcept { return stream_; }
   /// The device synchronized with (-1: not known, for a stream-wide proof).
   [[nodiscard]] constexpr int device() const noexcept { return device_; }
+  /// The point of that stream's order (or the device's) the host saw finish.
   [[nodiscard]] constexpr std::uint64_t point() const noexcept { return epoch_; }
 
  private:
@@ -115,8 +121,10 @@ class host_order {
 template <class T>
 inline constexpr bool is_ordering_proof_v = false;
 template <>
+/// A `stream_order` proves an ordering.
 inline constexpr bool is_ordering_proof_v<stream_order> = true;
 template <>
+/// A `host_order` proves an ordering.
 inline constexpr bool is_ordering_proof_v<host_order> = true;
 
 /**

@@ -98,6 +98,8 @@ class physical_allocation {
   /**
    * @brief Creates `size` bytes of physical memory at `where`.
    * @param size a multiple of `allocation_granularity(where)`, not 0
+   * @param where a device, or host memory (of a NUMA node, or of none in particular)
+   * @param options the handle types it may be exported as, and GPUDirect RDMA
    * @throws std::invalid_argument for a zero size or one not a multiple of the granularity
    * @throws not_supported when the device lacks VMM, the location kind or a handle type asked
    *         for (checked when the driver refuses, so creation costs no extra queries)
@@ -159,11 +161,13 @@ class physical_allocation {
     return a;
   }
 
+  /// Takes over `other`'s memory; `other` is left owning nothing.
   physical_allocation(physical_allocation&& other) noexcept
       : handle_(std::exchange(other.handle_, 0)),
         size_(std::exchange(other.size_, 0)),
         location_(other.location_),
         handle_types_(other.handle_types_) {}
+  /// Releases this memory, then takes over `other`'s.
   physical_allocation& operator=(physical_allocation&& other) noexcept {
     if (this != &other) {
       reset();
@@ -186,6 +190,7 @@ class physical_allocation {
   [[nodiscard]] memory_location location() const noexcept { return location_; }
   /// The handle types it can be exported as.
   [[nodiscard]] shareable_handle_type handle_types() const noexcept { return handle_types_; }
+  /// True while it owns memory.
   [[nodiscard]] explicit operator bool() const noexcept { return handle_ != 0; }
 
   /**

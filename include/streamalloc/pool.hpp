@@ -289,6 +289,7 @@ class pool : public detail::pool_interface<pool> {
  */
 class pool_ref : public detail::pool_interface<pool_ref> {
  public:
+  /// Refers to `p` (which must outlive the reference; moving `p` does not invalidate it).
   pool_ref(const pool& p) noexcept : state_(pool::state_of(p)) {}  // NOLINT: an owner views as its ref
   // A temporary pool dies at the end of the full expression, taking its state: a ref to it
   // would dangle at once.
@@ -297,6 +298,7 @@ class pool_ref : public detail::pool_interface<pool_ref> {
   /// For the library's own lookups (the current pool, the pool of a pointer).
   explicit pool_ref(detail::pool_state& s) noexcept : state_(&s) {}
 
+  /// Do both refer to the same pool?
   friend bool operator==(pool_ref a, pool_ref b) noexcept { return a.state_ == b.state_; }
 
  private:

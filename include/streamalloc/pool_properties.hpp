@@ -30,6 +30,7 @@ struct pool_properties {
   /// Free physical memory the pool keeps at synchronization points; the rest goes back to the
   /// driver. 0 (the default, as for cudaMemPool_t) keeps nothing; SIZE_MAX keeps everything.
   std::size_t release_threshold = 0;
+  /// Which free memory a stream may reuse without waiting (reuse_policy.hpp).
   reuse_policy reuse{};
   /// Physical memory is created in chunks of this size (a multiple of the allocation
   /// granularity); a request at least this large gets a chunk of its own size. 0: 64 MiB, the
@@ -61,9 +62,12 @@ struct pool_properties {
  */
 class out_of_memory : public std::bad_alloc {
  public:
+  /// `requested` bytes could not be allocated; `message` says why and what the pool holds.
   out_of_memory(std::size_t requested, std::string message)
       : requested_(requested), message_(std::move(message)) {}
+  /// The requested size, why it failed and the pool's state.
   [[nodiscard]] const char* what() const noexcept override { return message_.c_str(); }
+  /// The bytes that were asked for.
   [[nodiscard]] std::size_t requested() const noexcept { return requested_; }
 
  private:
@@ -83,7 +87,9 @@ class pool_closed : public std::logic_error {
 
 /// What was left when a pool was closed.
 struct pool_close_report {
+  /// Allocations still live at the close (their memory went with the pool).
   std::size_t live_allocations = 0;
+  /// Their bytes.
   std::size_t live_bytes = 0;
 };
 

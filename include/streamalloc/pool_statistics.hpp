@@ -17,6 +17,7 @@ struct pool_statistics {
   /// streams allocating at once, a peak is caught whenever one of them reaches a peak of its
   /// own, so a combined peak between those moments can be missed.
   std::size_t used_high = 0;
+  /// Allocations handed out and not freed.
   std::size_t live_allocations = 0;
   std::size_t free_clear = 0;        ///< free bytes every stream may reuse now
   std::size_t free_pending = 0;      ///< free bytes awaiting proof of stream order

@@ -34,9 +34,9 @@
 
 namespace streamalloc {
 
-/// CCCL's properties, used by streamalloc's types: memory the device may access, and memory
-/// host code may access.
+/// CCCL's property of memory the device may access, used by streamalloc's types.
 using device_accessible = ::cuda::mr::device_accessible;
+/// CCCL's property of memory host code may access.
 using host_accessible = ::cuda::mr::host_accessible;
 
 /// True when `P...` holds `Q`.
@@ -95,7 +95,9 @@ class pool_resource : public detail::property_tag<pool_resource<Properties...>, 
                 "streamalloc::pool_resource: its properties are device_accessible and host_accessible");
 
  public:
+  /// Does it claim `host_accessible` (a host pool's memory)?
   static constexpr bool is_host_accessible = has_property_v<host_accessible, Properties...>;
+  /// Does it claim `device_accessible`?
   static constexpr bool is_device_accessible = has_property_v<device_accessible, Properties...>;
 
   /**
@@ -143,11 +145,15 @@ class pool_resource : public detail::property_tag<pool_resource<Properties...>, 
   [[nodiscard]] void* allocate_async(std::size_t bytes, std::size_t alignment, ::cuda::stream_ref s) {
     return allocate_async(bytes, alignment, stream_ref(s));
   }
+  /// Allocation in the order of `s`, aligned to `alignment` (a power of two). @throws
+  /// out_of_memory, std::invalid_argument
   [[nodiscard]] void* allocate_async(std::size_t bytes, std::size_t alignment, stream_ref s) {
     detail::check_alignment(alignment, "pool_resource::allocate_async");
     if (alignment <= 256) return pool_.allocate(bytes, s);
     return align_up(pool_.allocate(padded(bytes, alignment), s), alignment);
   }
+  /// Allocation in the order of `s`, aligned to 256 bytes. @throws out_of_memory,
+  /// std::invalid_argument
   [[nodiscard]] void* allocate_async(std::size_t bytes, stream_ref s) { return pool_.allocate(bytes, s); }
   /// Free in the order of `s` (every stream that used `p` ordered before it). `p` must be what
   /// `allocate_async` returned with the same alignment. Never throws: a bad free (as for
@@ -156,6 +162,7 @@ class pool_resource : public detail::property_tag<pool_resource<Properties...>, 
   void deallocate_async(void* p, std::size_t bytes, std::size_t alignment, ::cuda::stream_ref s) noexcept {
     deallocate_async(p, bytes, alignment, stream_ref(s));
   }
+  /// As above, with streamalloc's stream reference.
   void deallocate_async(void* p, std::size_t bytes, std::size_t alignment, stream_ref s) noexcept {
     detail::free_or_report(pool_, p, "streamalloc::pool_resource::deallocate_async",
                            [&] { deallocate_async_checked(p, bytes, alignment, s); });
@@ -165,11 +172,15 @@ class pool_resource : public detail::property_tag<pool_resource<Properties...>, 
     (void)bytes;
     pool_.deallocate(start_of(p, alignment), s);
   }
+  /// Free of what `allocate_async(bytes, s)` returned, in the order of `s`.
   void deallocate_async(void* p, std::size_t bytes, stream_ref s) noexcept { deallocate_async(p, bytes, 256, s); }
 
+  /// The pool it allocates from.
   [[nodiscard]] pool_ref pool() const noexcept { return pool_; }
 
+  /// Equal when they allocate from the same pool (memory of one may be freed through the other).
   friend bool operator==(const pool_resource& a, const pool_resource& b) noexcept { return a.pool_ == b.pool_; }
+  /// Not equal: different pools.
   friend bool operator!=(const pool_resource& a, const pool_resource& b) noexcept { return !(a == b); }
 
   /// The same pool, claiming fewer properties (a host-and-device resource where a host one
@@ -251,6 +262,7 @@ static_assert(!host_memory_resource<device_resource>);
 /// The properties of streamalloc's resources, for constraints.
 template <class R>
 inline constexpr bool is_pool_resource_v = false;
+/// True for every `pool_resource`.
 template <class... P>
 inline constexpr bool is_pool_resource_v<pool_resource<P...>> = true;
 
@@ -275,6 +287,7 @@ inline constexpr bool is_pool_resource_v<pool_resource<P...>> = true;
  */
 class pmr_resource final : public std::pmr::memory_resource {
  public:
+  /// Synchronous: allocations usable by the host at once. `r` must claim `host_accessible`.
   template <class... P>
   explicit pmr_resource(pool_resource<P...> r) : pool_(r.pool()) {
     static_assert(has_property_v<host_accessible, P...>,
@@ -282,12 +295,14 @@ class pmr_resource final : public std::pmr::memory_resource {
                   "resource must be host_accessible (a host pool's host_resource); device memory goes through "
                   "pool_resource<device_accessible> or stream_buffer");
   }
+  /// Allocating and freeing in the order of `s` (see the class).
   template <class... P>
   pmr_resource(pool_resource<P...> r, stream_ref s) : pmr_resource(r) {
     stream_ = s.resolved();
     ordered_ = true;
   }
 
+  /// The pool it allocates from.
   [[nodiscard]] pool_ref pool() const noexcept { return pool_; }
   /// The stream allocations are ordered on, if any.
   [[nodiscard]] std::optional<stream_ref> stream() const noexcept {

@@ -19,10 +19,12 @@ enum class shareable_handle_type : unsigned {
   fabric = CU_MEM_HANDLE_TYPE_FABRIC,                   ///< an opaque blob usable across nodes (IMEX)
 };
 
+/// Both sets of handle types.
 [[nodiscard]] constexpr shareable_handle_type operator|(shareable_handle_type a,
                                                         shareable_handle_type b) noexcept {
   return static_cast<shareable_handle_type>(static_cast<unsigned>(a) | static_cast<unsigned>(b));
 }
+/// Does `set` include handle type `t` (never true for `none`)?
 [[nodiscard]] constexpr bool has_handle_type(shareable_handle_type set,
                                              shareable_handle_type t) noexcept {
   return (static_cast<unsigned>(set) & static_cast<unsigned>(t)) == static_cast<unsigned>(t) &&
@@ -40,7 +42,9 @@ class unique_fd {
   constexpr unique_fd() noexcept = default;
   /// Takes ownership of `fd` (-1 for none).
   constexpr explicit unique_fd(int fd) noexcept : fd_(fd) {}
+  /// Takes over `other`'s descriptor; `other` is left empty.
   unique_fd(unique_fd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  /// Closes this descriptor, then takes over `other`'s.
   unique_fd& operator=(unique_fd&& other) noexcept {
     if (this != &other) {
       reset();
@@ -52,7 +56,9 @@ class unique_fd {
   unique_fd& operator=(const unique_fd&) = delete;
   ~unique_fd() { reset(); }
 
+  /// The descriptor; -1 when empty.
   [[nodiscard]] int get() const noexcept { return fd_; }
+  /// True while it owns a descriptor.
   [[nodiscard]] explicit operator bool() const noexcept { return fd_ >= 0; }
   /// Gives up ownership and returns the descriptor.
   [[nodiscard]] int release() noexcept { return std::exchange(fd_, -1); }

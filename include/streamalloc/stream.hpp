@@ -253,7 +253,9 @@ class stream {
     }
   }
 
+  /// Takes over `o`'s stream; `o` is left empty (moved from).
   stream(stream&& o) noexcept : stream_(std::exchange(o.stream_, nullptr)), record_(std::move(o.record_)) {}
+  /// Destroys this stream (as the destructor does), then takes over `o`'s.
   stream& operator=(stream&& o) noexcept {
     if (this != &o) {
       reset();
@@ -266,11 +268,17 @@ class stream {
   stream& operator=(const stream&) = delete;
   ~stream() { reset(); }
 
+  /// A reference carrying the stream's identity (pools look nothing up).
   [[nodiscard]] stream_ref ref() const noexcept { return stream_ref(stream_, record_.get()); }
+  /// As `ref()`: a `stream` is passed wherever a `stream_ref` is taken.
   operator stream_ref() const noexcept { return ref(); }  // NOLINT: an owner views as its ref
+  /// The CUDA handle, for kernel launches and CUDA calls.
   [[nodiscard]] cudaStream_t get() const noexcept { return stream_; }
+  /// As `stream_ref::wait`: orders later work after `e`, and returns the proof.
   stream_order wait(event_ref e) const;
+  /// As `stream_ref::synchronize`: waits for the stream's work; the pools learn of it.
   host_order synchronize() const { return ref().synchronize(); }
+  /// As `stream_ref::query`: has all the stream's work finished?
   [[nodiscard]] bool query() const { return ref().query(); }
   /// The device the stream belongs to.
   /// @throws std::logic_error for a moved-from stream
@@ -301,12 +309,16 @@ class stream {
  */
 class event_ref {
  public:
+  /// Views `e` (made explicitly: an integer or nullptr is not an event).
   constexpr explicit event_ref(cudaEvent_t e) noexcept : event_(e) {}
   event_ref(int) = delete;
   event_ref(std::nullptr_t) = delete;
 
+  /// The CUDA handle.
   [[nodiscard]] constexpr cudaEvent_t get() const noexcept { return event_; }
+  /// The CUDA handle, explicitly.
   constexpr explicit operator cudaEvent_t() const noexcept { return event_; }
+  /// Do both view the same event?
   friend constexpr bool operator==(event_ref a, event_ref b) noexcept { return a.event_ == b.event_; }
 
   /// Records the event on `s` (`cudaEventRecord`).
@@ -384,7 +396,9 @@ class event {
     detail::check(detail::cu::cuEventCreate_nothrow(&event_, timing ? CU_EVENT_DEFAULT : CU_EVENT_DISABLE_TIMING),
                   "cuEventCreate");
   }
+  /// Takes over `o`'s event; `o` is left empty.
   event(event&& o) noexcept : event_(std::exchange(o.event_, nullptr)), state_(std::move(o.state_)) {}
+  /// Destroys this event, then takes over `o`'s.
   event& operator=(event&& o) noexcept {
     if (this != &o) {
       reset();
@@ -397,11 +411,17 @@ class event {
   event& operator=(const event&) = delete;
   ~event() { reset(); }
 
+  /// A reference carrying what streamalloc knows of the event.
   [[nodiscard]] event_ref ref() const noexcept { return event_ref(event_, state_.get()); }
+  /// As `ref()`: an `event` is passed wherever an `event_ref` is taken.
   operator event_ref() const noexcept { return ref(); }  // NOLINT: an owner views as its ref
+  /// The CUDA handle.
   [[nodiscard]] cudaEvent_t get() const noexcept { return event_; }
+  /// As `event_ref::record`.
   void record(stream_ref s) const { ref().record(s); }
+  /// As `event_ref::synchronize`.
   host_order synchronize() const { return ref().synchronize(); }
+  /// As `event_ref::query`.
   [[nodiscard]] bool query() const { return ref().query(); }
 
  private:

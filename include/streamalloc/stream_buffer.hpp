@@ -88,10 +88,15 @@ class basic_stream_buffer {
   static_assert(sizeof...(Properties) > 0, "streamalloc::basic_stream_buffer: name device_accessible and/or host_accessible");
 
  public:
+  /// The element type.
   using value_type = T;
+  /// Sizes and indices, in elements.
   using size_type = std::size_t;
+  /// The resource type that can back it (claiming the buffer's properties).
   using resource_type = pool_resource<Properties...>;
+  /// May host code touch the elements (a host pool's memory)?
   static constexpr bool is_host_accessible = has_property_v<host_accessible, Properties...>;
+  /// May kernels use the elements?
   static constexpr bool is_device_accessible = has_property_v<device_accessible, Properties...>;
 
   /// Rejected: a buffer is allocated in the order of a stream.
@@ -177,6 +182,7 @@ class basic_stream_buffer {
         capacity_(std::exchange(o.capacity_, 0)),
         last_use_(o.last_use_),
         readers_(std::move(o.readers_)) {}
+  /// Frees this buffer's memory (as the destructor does), then takes over `o`'s.
   basic_stream_buffer& operator=(basic_stream_buffer&& o) noexcept {
     if (this != &o) {
       release();
@@ -197,15 +203,21 @@ class basic_stream_buffer {
   /// the pool is closed it does nothing: closing released the memory already.
   ~basic_stream_buffer() { release(); }
 
+  /// Elements in the buffer.
   [[nodiscard]] size_type size() const noexcept { return size_; }
+  /// Elements it can hold before growing.
   [[nodiscard]] size_type capacity() const noexcept { return capacity_; }
+  /// Bytes of its elements.
   [[nodiscard]] size_type size_bytes() const noexcept { return size_ * sizeof(T); }
+  /// No elements?
   [[nodiscard]] bool empty() const noexcept { return size_ == 0; }
   /// The elements, for work enqueued on `stream()`.
   [[nodiscard]] T* data() noexcept { return data_; }
+  /// The elements, for work enqueued on `stream()`.
   [[nodiscard]] const T* data() const noexcept { return data_; }
   /// The stream the buffer is ordered on.
   [[nodiscard]] stream_ref stream() const noexcept { return stream_; }
+  /// The pool its memory comes from.
   [[nodiscard]] pool_ref pool() const noexcept { return pool_ref(*pool_); }
 
   // --- host access (host-accessible buffers only) ---------------------------------------------
@@ -222,6 +234,7 @@ class basic_stream_buffer {
     check_host_access();
     return {data_, size_};
   }
+  /// Element `i`, for host code: as `host_span()` (host-accessible buffers only).
   [[nodiscard]] T& operator[](size_type i) {
     static_assert(is_host_accessible,
                   "streamalloc::stream_buffer: host code cannot access device memory; copy_to(host range) on the "
@@ -239,6 +252,7 @@ class basic_stream_buffer {
                   "that, or allocate a host_stream_buffer from a host pool");
     return host_span().data();
   }
+  /// One past the last element, for host iteration (as `begin()`).
   template <class U = T>
   [[nodiscard]] U* end() {
     return begin<U>() + size_;
@@ -321,6 +335,7 @@ class basic_stream_buffer {
     other.note_reader(stream_);
   }
 
+  /// Rejected: copying between buffers of different element types.
   template <class U, class... Q>
     requires(!std::is_same_v<U, T>)
   void copy_from(const basic_stream_buffer<U, Q...>&, ...) {
@@ -464,6 +479,7 @@ class basic_stream_buffer {
     touch();
   }
 
+  /// Exchanges the two buffers: memory, streams and pools.
   void swap(basic_stream_buffer& o) noexcept {
     std::swap(pool_, o.pool_);
     std::swap(stream_, o.stream_);

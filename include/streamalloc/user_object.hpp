@@ -129,6 +129,7 @@ class user_object {
                 "where nothing could catch the exception");
 
  public:
+  /// The type of the object owned.
   using element_type = T;
 
   /// An empty `user_object`: no `T`, no reference.
