@@ -30,10 +30,12 @@ namespace streamalloc {
 namespace detail {
 
 /// What a user may pass as a stream by habit and streamalloc takes only as a `stream_ref`: a
-/// raw `cudaStream_t`, `0` or `nullptr` (see the rejecting overloads of `pool_interface`).
+/// raw `cudaStream_t`, `0`, `NULL` or `nullptr` (see the rejecting overloads of `pool_interface`).
+/// Signed integers only: an unsigned one in that place is rather an alignment, and a probe for
+/// a CCCL-style `allocate(bytes, alignment)` must not find the rejecting overload.
 template <class S>
-concept raw_stream_argument =
-    std::is_same_v<S, cudaStream_t> || std::is_integral_v<S> || std::is_same_v<S, std::nullptr_t>;
+concept raw_stream_argument = std::is_same_v<S, cudaStream_t> || std::is_same_v<S, std::nullptr_t> ||
+                              (std::is_integral_v<S> && std::is_signed_v<S>);
 
 /**
  * @brief What `pool` and `pool_ref` both offer: every use of a pool but owning it. Each member
@@ -465,6 +467,16 @@ inline void set_current_pool(int device, pool_ref p) {
   return current_pool(s.device()).allocate(bytes, s);
 }
 
+/// Rejected: a raw `cudaStream_t`, `0` or `nullptr` as the stream (as for `pool::allocate`).
+template <detail::raw_stream_argument S>
+void* allocate(std::size_t, S) {
+  static_assert(sizeof(S) == 0,
+                "streamalloc::allocate: pass a cudaStream_t s as streamalloc::stream_ref{s}: "
+                "streamalloc::allocate(bytes, streamalloc::stream_ref{s}); for stream 0 say "
+                "streamalloc::stream_ref::legacy_default() (or per_thread_default())");
+  return nullptr;
+}
+
 /// The pool whose address range holds `p`, if any.
 [[nodiscard]] inline std::optional<pool_ref> find_pool(const void* p) {
   if (detail::pool_state* owner = detail::pools().find(reinterpret_cast<std::uint64_t>(p))) return pool_ref(*owner);
@@ -478,6 +490,15 @@ inline void deallocate(void* p, stream_ref s) {
   auto owner = find_pool(p);
   if (!owner) throw std::invalid_argument("streamalloc::deallocate: the pointer belongs to no streamalloc pool");
   owner->deallocate(p, s);
+}
+
+/// Rejected: as for `allocate`.
+template <detail::raw_stream_argument S>
+void deallocate(void*, S) {
+  static_assert(sizeof(S) == 0,
+                "streamalloc::deallocate: pass a cudaStream_t s as streamalloc::stream_ref{s}: "
+                "streamalloc::deallocate(p, streamalloc::stream_ref{s}); for stream 0 say "
+                "streamalloc::stream_ref::legacy_default() (or per_thread_default())");
 }
 
 }  // namespace streamalloc

@@ -18,6 +18,7 @@
 #include <cuda_runtime_api.h>
 
 #include <array>
+#include <concepts>
 #include <cstddef>
 #include <memory>
 #include <mutex>
@@ -107,9 +108,12 @@ class stream_ref {
   constexpr explicit stream_ref(cudaStream_t stream) noexcept : stream_(stream) {}
   /// Views a CCCL stream reference.
   explicit stream_ref(::cuda::stream_ref s) noexcept : stream_(s.get()) {}
-  // Rejected, with the hint on the line compilers quote for a deleted function.
+  // Rejected, with the hint on the line compilers quote for a deleted function. A template, so
+  // that it takes integers only: g++ reports a plain `stream_ref(int)` for a raw cudaStream_t
+  // passed where a stream_ref is wanted, whose hint about integers would mislead.
   /// Rejected: an integer is not a stream. Use `legacy_default()` for stream 0.
-  stream_ref(int) = delete;  // an integer is not a stream: stream_ref::legacy_default() is stream 0
+  template <std::integral I>
+  stream_ref(I) = delete;  // an integer is not a stream: stream_ref::legacy_default() is stream 0
   /// Rejected: say `legacy_default()` or `per_thread_default()`.
   stream_ref(std::nullptr_t) = delete;  // not a stream: stream_ref::legacy_default() or per_thread_default()
 

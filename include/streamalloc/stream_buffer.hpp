@@ -45,6 +45,17 @@ inline constexpr bool is_stream_buffer_v = false;
 template <class T, class... P>
 inline constexpr bool is_stream_buffer_v<basic_stream_buffer<T, P...>> = true;
 
+/// What `begin()` and `end()` of a device buffer return: just enough for a range-for to compile
+/// on to the `static_assert` that explains (so that is the only error), yet no iterator (no
+/// `difference_type`), so that std::ranges, std::span and the like do not take a device buffer
+/// for a host range. Never defined: the `static_assert` stops every build that uses one.
+template <class T>
+struct device_elements_not_iterable {
+  T& operator*() const;
+  device_elements_not_iterable& operator++();
+  bool operator!=(const device_elements_not_iterable&) const;
+};
+
 inline void check_runtime(cudaError_t e, const char* call) {
   if (e != cudaSuccess) [[unlikely]] {
     throw cuda_error::from_runtime(static_cast<int>(e), call, cudaGetErrorName(e), cudaGetErrorString(e));
@@ -242,20 +253,36 @@ class basic_stream_buffer {
     check_host_access();
     return data_[i];
   }
-  /// Host iteration, for host-accessible buffers. On a device buffer (a range-for over it, say)
-  /// the compiler says why not and what to do instead.
-  template <class U = T>
-  [[nodiscard]] U* begin() {
-    static_assert(is_host_accessible,
-                  "streamalloc::stream_buffer: a device buffer cannot be iterated by host code (a range-for "
-                  "reads its elements on the host); copy_to(host range) on the buffer's stream and iterate "
-                  "that, or allocate a host_stream_buffer from a host pool");
+  /// Host iteration, for host-accessible buffers: as `host_span()`.
+  [[nodiscard]] T* begin()
+    requires is_host_accessible
+  {
     return host_span().data();
   }
   /// One past the last element, for host iteration (as `begin()`).
-  template <class U = T>
-  [[nodiscard]] U* end() {
-    return begin<U>() + size_;
+  [[nodiscard]] T* end()
+    requires is_host_accessible
+  {
+    return begin() + size_;
+  }
+  // A device buffer is not a host range. These overloads exist only to say so when a range-for
+  // picks them (const, so they catch const buffers too); what they return is no iterator, so
+  // std::ranges::range and std::span still answer "no" for a device buffer.
+  /// Rejected: host code cannot iterate device memory (a range-for over a device buffer).
+  detail::device_elements_not_iterable<T> begin() const
+    requires(!is_host_accessible)
+  {
+    static_assert(is_host_accessible,
+                  "streamalloc::stream_buffer: a device buffer cannot be iterated by host code (a range-for "
+                  "reads its elements on the host); copy_to(host range) on the buffer's stream (or to_host()) "
+                  "and iterate that, or allocate a host_stream_buffer from a host pool");
+    return {};
+  }
+  /// Rejected: as `begin()`.
+  detail::device_elements_not_iterable<T> end() const
+    requires(!is_host_accessible)
+  {
+    return begin();
   }
 
   // --- copies, enqueued on stream() ---------------------------------------------------------
