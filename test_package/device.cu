@@ -4,6 +4,7 @@
 #include <streamalloc/stream_buffer.hpp>
 
 #include <cstdio>
+#include <string>
 #include <vector>
 
 __global__ void iota(int* p, int n) {
@@ -14,7 +15,9 @@ __global__ void iota(int* p, int n) {
 int main() {
   int devices = 0;
   if (!streamalloc::driver_available() || cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::puts("no GPU here: the CUDA program built; skipping its run");
+    const std::string why =
+        streamalloc::driver_available() ? "the CUDA runtime sees no device" : streamalloc::driver_problem();
+    std::printf("no usable GPU here (%s): the CUDA program built; skipping its device part\n", why.c_str());
     return 0;
   }
   streamalloc::stream s(0);

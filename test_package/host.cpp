@@ -7,7 +7,8 @@
 int main() {
   std::printf("streamalloc %d.%d.%d\n", STREAMALLOC_VERSION_MAJOR, STREAMALLOC_VERSION_MINOR, STREAMALLOC_VERSION_PATCH);
   if (!streamalloc::driver_available()) {
-    std::puts("no NVIDIA driver here: nothing to allocate (the package works)");
+    std::printf("no usable GPU here (%s): nothing to allocate; the package works\n",
+                streamalloc::driver_problem().c_str());
     return 0;
   }
   streamalloc::pool pool;
