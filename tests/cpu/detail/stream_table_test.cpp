@@ -142,6 +142,54 @@ TEST_CASE("a table made where a destroyed one was does not find the old one's st
   CHECK(fresh.record.get() == s.record);
 }
 
+// The state a table leaves on a stream's record is what a thread using thousands of streams in
+// turn finds (its cache of recent states holds four): no lock, no lookup. Two tables using one
+// stream each find their own; a state taken back for another stream is no longer found there.
+TEST_CASE("the state left on a stream's record: found without the lock, per table, gone when recycled") {
+  std::mutex pool_lock;
+  table t, u;
+  std::vector<test_stream> many;
+  std::vector<state*> made;
+  for (int i = 0; i < 64; ++i) {
+    many.push_back(make_stream());
+    made.push_back(&t.state_for(many.back().key(), pool_lock));
+  }
+  // Far past a thread's cache of recent states: another thread finds every one while the pool
+  // lock is held here, so none of its lookups took the lock.
+  std::future<bool> all_found;
+  std::future_status status;
+  {
+    std::lock_guard held(pool_lock);
+    all_found = std::async(std::launch::async, [&] {
+      bool ok = true;
+      for (int i = 0; i < 64; ++i) ok = ok && &t.state_for(many[i].key(), pool_lock) == made[i];
+      return ok;
+    });
+    status = all_found.wait_for(std::chrono::seconds(5));
+  }
+  REQUIRE(status == std::future_status::ready);
+  CHECK(all_found.get());
+  CHECK(many[0].record->hint_for(0) == nullptr);  // no table has serial 0
+  // A second table on the same stream: its own state, and each finds its own again.
+  const test_stream& s = many[0];
+  state& in_u = u.state_for(s.key(), pool_lock);
+  CHECK(&in_u != made[0]);
+  CHECK(&t.state_for(s.key(), pool_lock) == made[0]);
+  CHECK(&u.state_for(s.key(), pool_lock) == &in_u);
+  CHECK(u.made() == 1);
+
+  // Recycled: the record no longer leads to the state, which now serves another stream.
+  const test_stream& gone = many[1];
+  (void)t.state_for(gone.key(), pool_lock);  // the record's slot holds t's state now
+  t.retire(gone.id());
+  t.recycle_retired([](state&) { return true; });
+  auto next = make_stream();
+  CHECK(&t.state_for(next.key(), pool_lock) == made[1]);
+  for (std::uint64_t serial = 0; serial < 1000; ++serial) {
+    CHECK(gone.record->hint_for(serial) == nullptr);
+  }
+}
+
 TEST_CASE("accounting: sums over streams are what was allocated; the peak follows and resets") {
   std::mutex pool_lock;
   table t;

@@ -35,7 +35,7 @@ class free_bins {
   free_bins(const free_bins&) = delete;
   free_bins& operator=(const free_bins&) = delete;
   ~free_bins() {
-    for (block** g : groups_) delete[] g;
+    for (group& g : groups_) delete[] g.heads;
   }
 
   /// The bin holding blocks of `size` bytes.
@@ -61,7 +61,7 @@ class free_bins {
       i = overflow_bin;
       head = &overflow_;
     } else {
-      bitmap_[i / 64] |= std::uint64_t{1} << (i % 64);
+      groups_[i / group_size].bits |= std::uint64_t{1} << (i % group_size);
     }
     b->bin = i;
     b->bins = this;
@@ -80,9 +80,10 @@ class free_bins {
     } else if (i == overflow_bin) {
       overflow_ = b->next_free;
     } else {
-      block*& head = groups_[i / group_size][i % group_size];
+      group& g = groups_[i / group_size];
+      block*& head = g.heads[i % group_size];
       head = b->next_free;
-      if (head == nullptr) bitmap_[i / 64] &= ~(std::uint64_t{1} << (i % 64));
+      if (head == nullptr) g.bits &= ~(std::uint64_t{1} << (i % group_size));
     }
     if (b->next_free != nullptr) b->next_free->prev_free = b->prev_free;
     b->prev_free = b->next_free = nullptr;
@@ -137,9 +138,9 @@ class free_bins {
   [[nodiscard]] std::uint64_t largest() const noexcept {
     std::uint64_t m = 0;
     for (block* b = overflow_; b != nullptr; b = b->next_free) m = b->size > m ? b->size : m;
-    for (unsigned w = words; w-- > 0;) {
-      if (bitmap_[w] == 0) continue;
-      const unsigned i = w * 64 + 63 - static_cast<unsigned>(std::countl_zero(bitmap_[w]));
+    for (unsigned w = group_count; w-- > 0;) {
+      if (groups_[w].bits == 0) continue;
+      const unsigned i = w * group_size + group_size - 1 - static_cast<unsigned>(std::countl_zero(groups_[w].bits));
       for (block* b = bin_head(i); b != nullptr; b = b->next_free) m = b->size > m ? b->size : m;
       break;
     }
@@ -157,14 +158,13 @@ class free_bins {
   }
 
  private:
-  static constexpr unsigned words = (bin_count + 63) / 64;
-  static constexpr unsigned group_size = 64;  // bins per group of heads: one bitmap word
+  static constexpr unsigned group_size = 64;  // bins per group of heads: one word of bits
   static constexpr unsigned group_count = (bin_count + group_size - 1) / group_size;
   static constexpr unsigned overflow_bin = bin_count;  // block::bin of a block in the overflow list
 
   /// The head of bin `i`'s list, its group made if need be; null if the group cannot be made.
   block** head_of(unsigned i) noexcept {
-    block**& g = groups_[i / group_size];
+    block**& g = groups_[i / group_size].heads;
     if (g == nullptr) [[unlikely]] {
       g = new (std::nothrow) block*[group_size]();
       if (g == nullptr) return nullptr;
@@ -173,23 +173,29 @@ class free_bins {
   }
   /// The first block of bin `i`; null if empty or never used.
   [[nodiscard]] block* bin_head(unsigned i) const noexcept {
-    block* const* g = groups_[i / group_size];
+    block* const* g = groups_[i / group_size].heads;
     return g == nullptr ? nullptr : g[i % group_size];
   }
 
   [[nodiscard]] unsigned next_nonempty(unsigned from) const noexcept {
     if (from >= bin_count) return bin_count;
-    unsigned w = from / 64;
-    std::uint64_t bits = bitmap_[w] & (~std::uint64_t{0} << (from % 64));
+    unsigned w = from / group_size;
+    std::uint64_t bits = groups_[w].bits & (~std::uint64_t{0} << (from % group_size));
     while (bits == 0) {
-      if (++w == words) return bin_count;
-      bits = bitmap_[w];
+      if (++w == group_count) return bin_count;
+      bits = groups_[w].bits;
     }
-    return w * 64 + static_cast<unsigned>(std::countr_zero(bits));
+    return w * group_size + static_cast<unsigned>(std::countr_zero(bits));
   }
 
-  std::array<std::uint64_t, words> bitmap_{};
-  std::array<block**, group_count> groups_{};
+  // A group's bits (which of its bins hold blocks) beside its heads' pointer: a bin's lookup
+  // reads one line of this object, not one of a bitmap and another of the pointers, which is
+  // what a stream's first use after many others costs (a ring over thousands of streams).
+  struct group {
+    std::uint64_t bits = 0;
+    block** heads = nullptr;
+  };
+  std::array<group, group_count> groups_{};
   block* overflow_ = nullptr;
   std::uint64_t bytes_ = 0;
   std::size_t count_ = 0;

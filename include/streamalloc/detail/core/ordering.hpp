@@ -11,7 +11,7 @@
 //              synchronization, a completed event, or a query)
 //   clock      for other streams, the epoch this stream is known to be ordered after, through
 //              event waits made with streamalloc's handles (a vector clock: waits carry what
-//              the recording stream was itself ordered after). At most `max_clock_entries`
+//              the recording stream was itself ordered after). `max_clock_entries` to twice as many
 //              streams, those of the most recent waits: forgetting an ordering only costs
 //              reuse, and it keeps every record, capture and wait at a cost independent of how
 //              many streams were ever ordered after each other (a ring of 1,024 streams walked
@@ -34,6 +34,8 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
@@ -43,11 +45,44 @@
 
 namespace streamalloc::detail {
 
+/// The streams a clock is sure to remember (its most recent waits'); it holds up to twice as
+/// many before it forgets the oldest.
+inline constexpr std::size_t clock_kept = 8;
+
+/// (stream, epoch) pairs sorted by stream, at most 2 * clock_kept of them, held inline: a
+/// stream's clock and an event's snapshot of it are a few cache lines with nothing behind a
+/// pointer, which is what a ring over thousands of streams, each cold, pays for at every record
+/// and wait.
+class ordered_after_list {
+ public:
+  using value_type = std::pair<std::uint64_t, std::uint64_t>;
+  static constexpr std::size_t capacity = 2 * clock_kept;
+
+  ordered_after_list() noexcept = default;
+  ordered_after_list(std::initializer_list<value_type> l) noexcept {
+    for (const value_type& x : l) push_back(x.first, x.second);
+  }
+
+  [[nodiscard]] const value_type* begin() const noexcept { return items_.data(); }
+  [[nodiscard]] const value_type* end() const noexcept { return items_.data() + count_; }
+  [[nodiscard]] std::size_t size() const noexcept { return count_; }
+  [[nodiscard]] bool empty() const noexcept { return count_ == 0; }
+  void clear() noexcept { count_ = 0; }
+  /// Appends, keeping the order by stream (the caller's job); beyond capacity, drops it.
+  void push_back(std::uint64_t stream, std::uint64_t epoch) noexcept {
+    if (count_ < capacity) items_[count_++] = {stream, epoch};
+  }
+
+ private:
+  std::array<value_type, capacity> items_;
+  std::uint32_t count_ = 0;
+};
+
 /// A point on a stream, and everything that point was ordered after.
 struct clock_snapshot {
   std::uint64_t stream = 0;  ///< 0: no point (an event never recorded through streamalloc)
   std::uint64_t epoch = 0;
-  std::vector<std::pair<std::uint64_t, std::uint64_t>> after;  ///< (stream, epoch), sorted
+  ordered_after_list after;  ///< (stream, epoch), sorted by stream
 };
 
 // A cache line of its own: every free does a read-modify-write on `epoch_`, and records made
@@ -79,14 +114,13 @@ class alignas(128) stream_record {
     capture_into(s);
     return s;
   }
-  /// As capture, into `s`, reusing its storage (no allocation once it has held a clock).
+  /// As capture, into `s`.
   void capture_into(clock_snapshot& s) {
     s.stream = id_;
     s.after.clear();
     std::lock_guard lock(mutex_);
     s.epoch = epoch_.fetch_add(1, std::memory_order_acq_rel);
-    s.after.reserve(clock_.size());
-    for (const entry& x : clock_) s.after.emplace_back(x.stream, x.epoch);
+    for (std::uint32_t i = 0; i < clock_size_; ++i) s.after.push_back(clock_[i].stream, clock_[i].epoch);
   }
 
   /// This stream now waits for `point`: it is ordered after it and after all it was after.
@@ -95,18 +129,16 @@ class alignas(128) stream_record {
     std::lock_guard lock(mutex_);
     // The stream waited for directly ranks above those it was itself ordered after.
     const std::uint64_t tick = ++waits_;
-    merge_sorted(point.after, 2 * tick);
-    merge(point.stream, point.epoch, 2 * tick + 1);
-    // Trimmed back to `max_clock_entries` only past twice that: the trim's sort is paid once
-    // every many waits, not at each.
-    if (clock_.size() > 2 * max_clock_entries) forget_oldest();
+    merge_in(point, tick);
   }
 
   /// The epoch of stream `other` this stream is known to be ordered after (0: none).
   [[nodiscard]] std::uint64_t ordered_after(std::uint64_t other) const {
     std::lock_guard lock(mutex_);
-    auto it = find(other);
-    return it != clock_.end() && it->stream == other ? it->epoch : 0;
+    for (std::uint32_t i = 0; i < clock_size_; ++i) {
+      if (clock_[i].stream == other) return clock_[i].epoch;
+    }
+    return 0;
   }
 
   /// Frees stamped <= the returned epoch are before a host synchronization that starts now.
@@ -123,6 +155,31 @@ class alignas(128) stream_record {
   }
   [[nodiscard]] std::uint64_t completed() const noexcept {
     return completed_.load(std::memory_order_acquire);
+  }
+
+  /// What `owner` (a pool's stream table, by its serial, never reused) left here for this
+  /// stream: its state, found without a lock or a table lookup, on the line a free stamps
+  /// anyway. Null if another owner wrote the slot last. One slot, read with a sequence check
+  /// (two fields cannot be read as one), so a reader never takes one owner's pointer for
+  /// another's.
+  [[nodiscard]] void* hint_for(std::uint64_t owner) const noexcept {
+    const std::uint32_t before = hint_seq_.load(std::memory_order_acquire);
+    const std::uint64_t o = hint_owner_.load(std::memory_order_relaxed);
+    void* p = hint_.load(std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if ((before & 1) != 0 || hint_seq_.load(std::memory_order_relaxed) != before || o != owner) return nullptr;
+    return p;
+  }
+  /// Leaves `p` for `owner` (see hint_for). `p == nullptr` clears the slot if `owner` has it.
+  void set_hint(std::uint64_t owner, void* p) noexcept {
+    std::lock_guard lock(mutex_);  // writers one at a time: the sequence needs it
+    if (p == nullptr && hint_owner_.load(std::memory_order_relaxed) != owner) return;
+    const std::uint32_t seq = hint_seq_.load(std::memory_order_relaxed);
+    hint_seq_.store(seq + 1, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_release);
+    hint_owner_.store(p == nullptr ? 0 : owner, std::memory_order_relaxed);
+    hint_.store(p, std::memory_order_relaxed);
+    hint_seq_.store(seq + 2, std::memory_order_release);
   }
 
   /// The stream's handle stays valid until the stream retires, so a pool may use it at any time
@@ -142,21 +199,20 @@ class alignas(128) stream_record {
   /// How many streamalloc clock entries this record holds (for counting what the library keeps).
   [[nodiscard]] std::size_t clock_entries() const {
     std::lock_guard lock(mutex_);
-    return clock_.size();
+    return clock_size_;
   }
 
   /// What this stream is ordered after, for completing it when the stream completes.
-  [[nodiscard]] std::vector<std::pair<std::uint64_t, std::uint64_t>> clock() const {
+  [[nodiscard]] ordered_after_list clock() const {
     std::lock_guard lock(mutex_);
-    std::vector<std::pair<std::uint64_t, std::uint64_t>> out;
-    out.reserve(clock_.size());
-    for (const entry& x : clock_) out.emplace_back(x.stream, x.epoch);
+    ordered_after_list out;
+    for (std::uint32_t i = 0; i < clock_size_; ++i) out.push_back(clock_[i].stream, clock_[i].epoch);
     return out;
   }
 
   /// The streams a clock is sure to remember (the most recent waits'); it holds at most twice
   /// as many.
-  static constexpr std::size_t max_clock_entries = 16;
+  static constexpr std::size_t max_clock_entries = clock_kept;
 
  private:
   friend class ordering_registry;
@@ -167,51 +223,74 @@ class alignas(128) stream_record {
     std::uint64_t touched;  // 2 * the wait that last raised or confirmed it (+1: waited for directly)
   };
 
-  std::vector<entry>::const_iterator find(std::uint64_t s) const {
-    return std::lower_bound(clock_.begin(), clock_.end(), s,
-                            [](const entry& x, std::uint64_t v) { return x.stream < v; });
-  }
-
-  void merge(std::uint64_t s, std::uint64_t e, std::uint64_t touched) {
-    auto it = clock_.begin() + (find(s) - clock_.cbegin());
-    if (it != clock_.end() && it->stream == s) {
-      it->epoch = std::max(it->epoch, e);
-      it->touched = touched;
-    } else {
-      clock_.insert(it, {s, e, touched});
-    }
-  }
-
-  /// Merges a clock (sorted by stream) into this one in one pass.
-  void merge_sorted(const std::vector<std::pair<std::uint64_t, std::uint64_t>>& other, std::uint64_t touched) {
-    if (other.empty()) return;
-    std::vector<entry>& out = scratch_;  // kept between merges: no allocation once warm
-    out.clear();
-    out.reserve(clock_.size() + other.size());
-    auto a = clock_.begin();
-    auto b = other.begin();
-    while (a != clock_.end() || b != other.end()) {
-      if (b != other.end() && b->first == id_) {
-        ++b;  // what this stream is ordered after itself says nothing
-      } else if (b == other.end() || (a != clock_.end() && a->stream < b->first)) {
-        out.push_back(*a++);
-      } else if (a == clock_.end() || b->first < a->stream) {
-        out.push_back({b->first, b->second, touched});
-        ++b;
+  /// Merges `point` (ranked 2 * tick + 1: waited for directly) and what it was ordered after
+  /// (ranked 2 * tick) into the clock, in one pass over both sorted lists into a buffer on the
+  /// stack; past capacity, only the `max_clock_entries` entries touched most recently stay.
+  void merge_in(const clock_snapshot& point, std::uint64_t tick) {
+    std::array<entry, 2 * capacity + 1> out;
+    std::size_t n = 0;
+    const entry direct{point.stream, point.epoch, 2 * tick + 1};
+    bool direct_done = false;
+    auto put = [&](const entry& x) {
+      if (n > 0 && out[n - 1].stream == x.stream) {  // the same stream from both sides
+        out[n - 1].epoch = std::max(out[n - 1].epoch, x.epoch);
+        out[n - 1].touched = std::max(out[n - 1].touched, x.touched);
       } else {
-        out.push_back({a->stream, std::max(a->epoch, b->second), touched});
-        ++a, ++b;
+        out[n++] = x;
+      }
+    };
+    const entry* a = clock_.data();
+    const entry* const a_end = a + clock_size_;
+    const auto* b = point.after.begin();
+    const auto* const b_end = point.after.end();
+    while (a != a_end || b != b_end || !direct_done) {
+      // The smallest stream id of the three heads goes next.
+      std::uint64_t next = ~0ull;
+      if (a != a_end) next = a->stream;
+      if (b != b_end) next = std::min(next, b->first);
+      if (!direct_done) next = std::min(next, direct.stream);
+      if (a != a_end && a->stream == next) put(*a++);
+      if (b != b_end && b->first == next) {
+        if (b->first != id_) put({b->first, b->second, 2 * tick});  // ordered after itself: nothing
+        ++b;
+      }
+      if (!direct_done && direct.stream == next) {
+        put(direct);
+        direct_done = true;
       }
     }
-    clock_.swap(out);
-  }
-
-  /// Keeps the `max_clock_entries` entries touched most recently.
-  void forget_oldest() {
-    std::nth_element(clock_.begin(), clock_.begin() + max_clock_entries - 1, clock_.end(),
-                     [](const entry& x, const entry& y) { return x.touched > y.touched; });
-    clock_.resize(max_clock_entries);
-    std::sort(clock_.begin(), clock_.end(), [](const entry& x, const entry& y) { return x.stream < y.stream; });
+    if (n <= capacity) {
+      std::copy(out.begin(), out.begin() + n, clock_.begin());
+      clock_size_ = static_cast<std::uint32_t>(n);
+      return;
+    }
+    // Past capacity the `max_clock_entries` entries touched most recently stay, in stream
+    // order. Those of this wait (touched >= 2 * tick) are the newest; in a ring over many
+    // streams they alone fill the clock, so the threshold needs no selection at all.
+    const std::uint64_t now = 2 * tick;
+    std::size_t incoming = 0;
+    for (std::size_t i = 0; i < n; ++i) incoming += out[i].touched >= now;
+    std::uint64_t threshold = now;  // entries above it stay; at it, the first in stream order
+    if (incoming < max_clock_entries) {
+      std::array<std::uint64_t, 2 * capacity + 1> older;
+      std::size_t m = 0;
+      for (std::size_t i = 0; i < n; ++i) {
+        if (out[i].touched < now) older[m++] = out[i].touched;
+      }
+      const std::size_t k = max_clock_entries - incoming;  // the k-th newest of the older ones
+      std::nth_element(older.begin(), older.begin() + (k - 1), older.begin() + m, std::greater<>());
+      threshold = older[k - 1];
+    }
+    std::size_t above = 0;
+    for (std::size_t i = 0; i < n; ++i) above += out[i].touched > threshold;
+    std::size_t at_threshold = max_clock_entries - above;
+    std::size_t kept = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (out[i].touched > threshold || (out[i].touched == threshold && at_threshold > 0 && at_threshold--)) {
+        clock_[kept++] = out[i];
+      }
+    }
+    clock_size_ = static_cast<std::uint32_t>(kept);
   }
 
   const std::uint64_t id_;
@@ -221,9 +300,13 @@ class alignas(128) stream_record {
   std::atomic<std::uint64_t> completed_{0};
   std::atomic<bool> retired_{false};
   std::atomic<bool> handle_stable_{false};
+  std::atomic<std::uint32_t> hint_seq_{0};  // odd while a writer changes the slot
+  std::atomic<std::uint64_t> hint_owner_{0};
+  std::atomic<void*> hint_{nullptr};
   mutable std::mutex mutex_;
-  std::vector<entry> clock_;  // sorted by stream id
-  std::vector<entry> scratch_;
+  static constexpr std::size_t capacity = ordered_after_list::capacity;
+  std::array<entry, capacity> clock_;  // the first clock_size_, sorted by stream id
+  std::uint32_t clock_size_ = 0;
   std::uint64_t waits_ = 0;
   std::atomic<std::uint64_t> holders_{0};  // record_refs; see the top of the file
 };
@@ -385,7 +468,7 @@ class ordering_registry {
     }
   }
 
-  void complete_each(const std::vector<std::pair<std::uint64_t, std::uint64_t>>& points) {
+  void complete_each(const ordered_after_list& points) {
     for (const auto& [s, e] : points) {
       if (stream_record* r = find(s)) r->mark_completed(e);
     }
