@@ -198,6 +198,42 @@ TEST_CASE("sequential patterns") {
   }
 }
 
+// How a pool's index is used: blocks split off one free block one after another (each key
+// just above the last, which the index inserts into its last leaf without a descent), with
+// merges erasing keys here and there, and splits landing between old keys. The remembered
+// leaf must never take a key its parents' separators put in another leaf.
+TEST_CASE("keys inserted just above the last, between erases and inserts elsewhere, agree with std::map") {
+  index ix;
+  model m;
+  std::mt19937_64 rng(7);
+  std::uint64_t next = 1 << 20;
+  for (int step = 0; step < 200000; ++step) {
+    const unsigned what = rng() % 16;
+    if (what < 10 || m.empty()) {  // the next block split off the free tail
+      next += 256 * (1 + rng() % 16);
+      ix.insert(next, value_for(next));
+      m[next] = value_for(next);
+    } else if (what < 14) {  // a merge: some block's key goes
+      auto it = m.lower_bound(rng() % (next + 1));
+      if (it == m.end()) it = m.begin();
+      ix.erase(it->first);
+      m.erase(it);
+    } else {  // a split inside an older free block: a key between existing ones
+      const std::uint64_t k = (rng() % (next / 256 + 1)) * 256 + 128;
+      if (m.count(k) == 0) {
+        ix.insert(k, value_for(k));
+        m[k] = value_for(k);
+      }
+    }
+    if (step % 4999 == 0) REQUIRE(ix.check_invariants());
+    const std::uint64_t probe = rng() % (next + 512);
+    if (ix.at_or_before(probe) != model_at_or_before(m, probe)) FAIL("at_or_before ", probe);
+    if (ix.find(next) != model_find(m, next)) FAIL("find ", next);
+  }
+  CHECK(ix.size() == m.size());
+  CHECK(ix.check_invariants());
+}
+
 TEST_CASE("random operations agree with std::map, dense and sparse keys") {
   for (std::uint64_t seed : {1, 2, 3, 4}) {
     CAPTURE(seed);

@@ -226,6 +226,9 @@ class address_index {
 
   void take_from(address_index& other) noexcept {
     root_ = std::exchange(other.root_, nullptr);
+    finger_ = std::exchange(other.finger_, nullptr);
+    finger_low_ = other.finger_low_;
+    finger_high_ = other.finger_high_;
     height_ = std::exchange(other.height_, 0);
     size_ = std::exchange(other.size_, 0);
     spare_leaves_ = std::exchange(other.spare_leaves_, nullptr);
@@ -234,9 +237,27 @@ class address_index {
     spare_inner_count_ = std::exchange(other.spare_inner_count_, 0);
   }
 
+  // The keys a leaf may hold are those its parents' separators bound it to: [low, high).
+  void set_finger(leaf* l, const path& p) noexcept {
+    finger_ = l;
+    finger_low_ = 0;
+    finger_high_ = ~std::uint64_t{0};
+    bool have_low = false, have_high = false;
+    for (unsigned level = height_; level-- > 0 && !(have_low && have_high);) {
+      const inner* in = p.nodes[level];
+      const unsigned slot = p.slots[level];
+      if (!have_low && slot > 0) finger_low_ = in->keys[slot - 1], have_low = true;
+      if (!have_high && slot + 1 < in->count) finger_high_ = in->keys[slot], have_high = true;
+    }
+  }
+
   void* root_ = nullptr;  // a leaf when height_ is 0; null when empty
   unsigned height_ = 0;   // inner levels above the leaves
   std::size_t size_ = 0;
+  // The leaf of the last insert and the bounds its parents give it (see put); null after any
+  // change of leaves or separators (a split, an erase's rebalancing, a clear, a move).
+  leaf* finger_ = nullptr;
+  std::uint64_t finger_low_ = 0, finger_high_ = 0;
   leaf* spare_leaves_ = nullptr;
   unsigned spare_leaf_count_ = 0;
   inner* spare_inners_ = nullptr;
@@ -255,9 +276,25 @@ void address_index<V>::put(std::uint64_t key, V* value, [[maybe_unused]] bool ov
     size_ = 1;
     return;
   }
+  // The leaf of the last insert, while its bounds hold the key and it has room: a pool's
+  // allocations split the same free block again and again, each new block just above the
+  // last, so most inserts land there and need no descent.
+  if (finger_ != nullptr && finger_low_ <= key && key < finger_high_ && finger_->count < leaf_capacity) {
+    leaf* l = finger_;
+    const unsigned at = l->count > 0 && l->keys[l->count - 1] < key ? l->count : scan(l->keys, l->count, key);
+    if (at > 0 && l->keys[at - 1] == key) {
+      assert(overwrite && "address_index::insert: the key is present");
+      l->values[at - 1] = value;
+      return;
+    }
+    insert_into(l, at, key, value);
+    ++size_;
+    return;
+  }
   path p;
   leaf* l = descend(key, p);
-  const unsigned at = scan(l->keys, l->count, key);
+  // Above every key of the leaf (the append above, when the leaf was full or another): no scan.
+  const unsigned at = l->count > 0 && l->keys[l->count - 1] < key ? l->count : scan(l->keys, l->count, key);
   if (at > 0 && l->keys[at - 1] == key) {
     assert(overwrite && "address_index::insert: the key is present");
     l->values[at - 1] = value;
@@ -265,8 +302,10 @@ void address_index<V>::put(std::uint64_t key, V* value, [[maybe_unused]] bool ov
   }
   if (l->count < leaf_capacity) {
     insert_into(l, at, key, value);
+    set_finger(l, p);
   } else {
-    split_and_insert(l, at, key, value, p);
+    split_and_insert(l, at, key, value, p);  // leaves and separators change: no finger
+    finger_ = nullptr;
   }
   ++size_;
 }
@@ -358,11 +397,15 @@ void address_index<V>::erase(std::uint64_t key) {
     if (l->count == 0) {
       give_back(l);
       root_ = nullptr;
+      finger_ = nullptr;
     }
     return;
   }
   // Separators above may still name the erased key: they stay valid bounds.
-  if (l->count < leaf_min) rebalance_leaf(l, p);
+  if (l->count < leaf_min) {
+    rebalance_leaf(l, p);
+    finger_ = nullptr;
+  }
 }
 
 // l is below half full: even it out with a sibling that can spare entries, else merge the two.
@@ -460,6 +503,7 @@ template <class V>
 void address_index<V>::clear() noexcept {
   if (root_ != nullptr) free_subtree(root_, 0);
   root_ = nullptr;
+  finger_ = nullptr;
   height_ = 0;
   size_ = 0;
   while (spare_leaves_ != nullptr) delete std::exchange(spare_leaves_, spare_leaves_->next);
