@@ -13,6 +13,7 @@
 //
 //   bench_scale [--quick] [--json FILE] [--only ring,churn,live,pools]
 
+#include <streamalloc/detail/pool/capture.hpp>
 #include <streamalloc/pool.hpp>
 #include <streamalloc/stream.hpp>
 
@@ -73,9 +74,10 @@ double clock_read_ns() {
 
 void ring() {
   std::printf("\n1. hand-off ring: allocate 64 KiB on s[i], record, s[i+1] waits, free on s[i+1]: ns per round;\n"
-              "   then the round split: allocate + free, and record + wait (timed call by call)\n");
-  std::printf("%8s %12s %12s %10s %14s %14s %14s %14s\n", "streams", "streamalloc", "MallocAsync", "ratio",
-              "ours a+f", "driver a+f", "ours rec+wait", "driver rec+w");
+              "   then the round split: allocate + free, and record + wait (timed call by call); and the\n"
+              "   driver's capture query that allocate and free each make, alone on the same two streams\n");
+  std::printf("%8s %12s %12s %10s %14s %14s %14s %14s %14s\n", "streams", "streamalloc", "MallocAsync", "ratio",
+              "ours a+f", "driver a+f", "ours rec+wait", "driver rec+w", "capture query");
   const double clock_ns = clock_read_ns();
   std::vector<int> sizes = {2, 16, 128, 1024};
   if (!quick) sizes.push_back(10000);  // thousands of streams alive at once, as servers keep
@@ -141,16 +143,24 @@ void ring() {
     const double async = time_rounds([&](int r) { driver_round(r, no_marks); });
     const round_split ours_split = split_rounds(ours_round);
     const round_split async_split = split_rounds(driver_round);
-    std::printf("%8d %12.0f %12.0f %9.2fx %14.0f %14.0f %14.0f %14.0f\n", n, ours, async, async / ours,
+    // What the pool's allocate and free ask the driver on every call, whether their stream is
+    // being captured, made alone on the same two streams per round: the driver's share of
+    // `ours a+f`, which grows as its own stream objects fall out of the caches.
+    const double query = time_rounds([&](int r) {
+      const int i = r % n, j = (i + 1) % n;
+      (void)streamalloc::detail::capture_of(s[i].get(), "bench");
+      (void)streamalloc::detail::capture_of(s[j].get(), "bench");
+    });
+    std::printf("%8d %12.0f %12.0f %9.2fx %14.0f %14.0f %14.0f %14.0f %14.0f\n", n, ours, async, async / ours,
                 ours_split.alloc_free_ns, async_split.alloc_free_ns, ours_split.record_wait_ns,
-                async_split.record_wait_ns);
+                async_split.record_wait_ns, query);
     json_row("ring_" + std::to_string(n),
              "\"streams\": " + std::to_string(n) + ", \"streamalloc_ns\": " + std::to_string(ours) +
                  ", \"cudaMallocAsync_ns\": " + std::to_string(async) + ", \"streamalloc_alloc_free_ns\": " +
                  std::to_string(ours_split.alloc_free_ns) + ", \"cudaMallocAsync_alloc_free_ns\": " +
                  std::to_string(async_split.alloc_free_ns) + ", \"streamalloc_record_wait_ns\": " +
                  std::to_string(ours_split.record_wait_ns) + ", \"driver_record_wait_ns\": " +
-                 std::to_string(async_split.record_wait_ns));
+                 std::to_string(async_split.record_wait_ns) + ", \"capture_query_ns\": " + std::to_string(query));
     for (auto& x : re) BENCH_CHECK(cudaEventDestroy(x));
     BENCH_CHECK(cudaMemPoolDestroy(dp));
   }
