@@ -6,35 +6,19 @@
 // Without a usable GPU it says why and exits 77.
 
 #include "../common.cuh"
+#include "kernels.cuh"
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <vector>
 
 namespace {
 
-// Every CUDA call is checked: a tutorial that ignores errors teaches ignoring them.
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "FAILED: %s: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
-
-__global__ void fill(std::uint32_t* p, std::size_t n, std::uint32_t batch) {
-  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n; i += std::size_t{gridDim.x} * blockDim.x) {
-    p[i] = static_cast<std::uint32_t>(i % 1000) + batch;
-  }
-}
-
-__global__ void square(const std::uint32_t* in, std::uint32_t* out, std::size_t n) {
-  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n; i += std::size_t{gridDim.x} * blockDim.x) {
-    out[i] = in[i] * in[i];
-  }
-}
+// The kernels the steps share (examples/tutorial/kernels.cuh).
+using tutorial::fill;
+using tutorial::square;
 
 constexpr std::size_t n = std::size_t{1} << 21;  // 8 MiB of uint32 per buffer
 constexpr int batches = 12;
@@ -44,38 +28,43 @@ constexpr int batches = 12;
 int main() {
   if (!example::have_gpu()) return example::no_gpu;
 
+  // Every CUDA call is checked (example::check_cuda, in examples/common.cuh): a tutorial that
+  // ignores errors teaches ignoring them.
   cudaStream_t producer = nullptr, consumer = nullptr;
-  check(cudaStreamCreateWithFlags(&producer, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
-  check(cudaStreamCreateWithFlags(&consumer, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+  example::check_cuda(cudaStreamCreateWithFlags(&producer, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+  example::check_cuda(cudaStreamCreateWithFlags(&consumer, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
   cudaEvent_t filled = nullptr;
-  check(cudaEventCreateWithFlags(&filled, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+  example::check_cuda(cudaEventCreateWithFlags(&filled, cudaEventDisableTiming), "cudaEventCreateWithFlags");
 
   std::vector<std::vector<std::uint32_t>> results(batches, std::vector<std::uint32_t>(n));
   for (int b = 0; b < batches; ++b) {
     // Allocated in the producer's order: usable by work enqueued on the producer from now on.
     std::uint32_t* in = nullptr;
-    check(cudaMallocAsync(reinterpret_cast<void**>(&in), n * sizeof(std::uint32_t), producer), "cudaMallocAsync");
+    example::check_cuda(cudaMallocAsync(reinterpret_cast<void**>(&in), n * sizeof(std::uint32_t), producer),
+                        "cudaMallocAsync");
     fill<<<256, 256, 0, producer>>>(in, n, static_cast<std::uint32_t>(b));
-    check(cudaGetLastError(), "fill");
+    example::check_cuda(cudaGetLastError(), "fill");
 
     // The consumer runs after the fill: an event recorded on the producer, waited for by the consumer.
-    check(cudaEventRecord(filled, producer), "cudaEventRecord");
-    check(cudaStreamWaitEvent(consumer, filled, 0), "cudaStreamWaitEvent");
+    example::check_cuda(cudaEventRecord(filled, producer), "cudaEventRecord");
+    example::check_cuda(cudaStreamWaitEvent(consumer, filled, 0), "cudaStreamWaitEvent");
 
     std::uint32_t* out = nullptr;
-    check(cudaMallocAsync(reinterpret_cast<void**>(&out), n * sizeof(std::uint32_t), consumer), "cudaMallocAsync");
+    example::check_cuda(cudaMallocAsync(reinterpret_cast<void**>(&out), n * sizeof(std::uint32_t), consumer),
+                        "cudaMallocAsync");
     square<<<256, 256, 0, consumer>>>(in, out, n);
-    check(cudaGetLastError(), "square");
-    check(cudaMemcpyAsync(results[b].data(), out, n * sizeof(std::uint32_t), cudaMemcpyDeviceToHost, consumer),
-          "cudaMemcpyAsync");
+    example::check_cuda(cudaGetLastError(), "square");
+    example::check_cuda(
+        cudaMemcpyAsync(results[b].data(), out, n * sizeof(std::uint32_t), cudaMemcpyDeviceToHost, consumer),
+        "cudaMemcpyAsync");
 
     // Both freed on the consumer, whose order already follows every use of them (the fill on
     // the producer through the event). Freeing `in` on the producer instead would be a race:
     // the producer is not ordered after the consumer's square.
-    check(cudaFreeAsync(in, consumer), "cudaFreeAsync");
-    check(cudaFreeAsync(out, consumer), "cudaFreeAsync");
+    example::check_cuda(cudaFreeAsync(in, consumer), "cudaFreeAsync");
+    example::check_cuda(cudaFreeAsync(out, consumer), "cudaFreeAsync");
   }
-  check(cudaStreamSynchronize(consumer), "cudaStreamSynchronize");  // before reading the results
+  example::check_cuda(cudaStreamSynchronize(consumer), "cudaStreamSynchronize");  // before reading the results
 
   std::size_t wrong = 0;
   for (int b = 0; b < batches; ++b) {
@@ -88,9 +77,9 @@ int main() {
               n * sizeof(std::uint32_t) >> 20, wrong);
   example::expect(wrong == 0, "results");
 
-  check(cudaEventDestroy(filled), "cudaEventDestroy");
-  check(cudaStreamDestroy(consumer), "cudaStreamDestroy");
-  check(cudaStreamDestroy(producer), "cudaStreamDestroy");
+  example::check_cuda(cudaEventDestroy(filled), "cudaEventDestroy");
+  example::check_cuda(cudaStreamDestroy(consumer), "cudaStreamDestroy");
+  example::check_cuda(cudaStreamDestroy(producer), "cudaStreamDestroy");
   std::printf("step 1 OK\n");
   return 0;
 }

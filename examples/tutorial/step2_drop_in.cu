@@ -9,35 +9,19 @@
 #include <streamalloc/streamalloc.hpp>
 
 #include "../common.cuh"
+#include "kernels.cuh"
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
-#include <exception>
 #include <vector>
 
 namespace {
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "FAILED: %s: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
-
-__global__ void fill(std::uint32_t* p, std::size_t n, std::uint32_t batch) {
-  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n; i += std::size_t{gridDim.x} * blockDim.x) {
-    p[i] = static_cast<std::uint32_t>(i % 1000) + batch;
-  }
-}
-
-__global__ void square(const std::uint32_t* in, std::uint32_t* out, std::size_t n) {
-  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n; i += std::size_t{gridDim.x} * blockDim.x) {
-    out[i] = in[i] * in[i];
-  }
-}
+// The kernels the steps share (examples/tutorial/kernels.cuh).
+using tutorial::fill;
+using tutorial::square;
 
 constexpr std::size_t n = std::size_t{1} << 21;
 constexpr int batches = 12;
@@ -45,10 +29,10 @@ constexpr int batches = 12;
 int run() {
   // The application's own streams and event, made and destroyed by raw CUDA calls as before.
   cudaStream_t producer = nullptr, consumer = nullptr;
-  check(cudaStreamCreateWithFlags(&producer, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
-  check(cudaStreamCreateWithFlags(&consumer, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+  example::check_cuda(cudaStreamCreateWithFlags(&producer, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+  example::check_cuda(cudaStreamCreateWithFlags(&consumer, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
   cudaEvent_t filled = nullptr;
-  check(cudaEventCreateWithFlags(&filled, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+  example::check_cuda(cudaEventCreateWithFlags(&filled, cudaEventDisableTiming), "cudaEventCreateWithFlags");
 
   // streamalloc takes a stream as a stream_ref, made explicitly (a stray 0 never becomes a
   // stream). resolved() looks the stream's identity up once (cuStreamGetId) instead of at each call.
@@ -59,18 +43,19 @@ int run() {
   for (int b = 0; b < batches; ++b) {
     auto* in = static_cast<std::uint32_t*>(streamalloc::allocate(n * sizeof(std::uint32_t), prod));
     fill<<<256, 256, 0, producer>>>(in, n, static_cast<std::uint32_t>(b));
-    check(cudaGetLastError(), "fill");
+    example::check_cuda(cudaGetLastError(), "fill");
 
     // A raw event: the GPU orders the consumer after the fill. The pool does not see it (it is
     // not the driver), which only costs reuse, never correctness.
-    check(cudaEventRecord(filled, producer), "cudaEventRecord");
-    check(cudaStreamWaitEvent(consumer, filled, 0), "cudaStreamWaitEvent");
+    example::check_cuda(cudaEventRecord(filled, producer), "cudaEventRecord");
+    example::check_cuda(cudaStreamWaitEvent(consumer, filled, 0), "cudaStreamWaitEvent");
 
     auto* out = static_cast<std::uint32_t*>(streamalloc::allocate(n * sizeof(std::uint32_t), cons));
     square<<<256, 256, 0, consumer>>>(in, out, n);
-    check(cudaGetLastError(), "square");
-    check(cudaMemcpyAsync(results[b].data(), out, n * sizeof(std::uint32_t), cudaMemcpyDeviceToHost, consumer),
-          "cudaMemcpyAsync");
+    example::check_cuda(cudaGetLastError(), "square");
+    example::check_cuda(
+        cudaMemcpyAsync(results[b].data(), out, n * sizeof(std::uint32_t), cudaMemcpyDeviceToHost, consumer),
+        "cudaMemcpyAsync");
 
     streamalloc::deallocate(in, cons);   // the same rule as cudaFreeAsync: every use ordered before
     streamalloc::deallocate(out, cons);  // reusable by the consumer at once
@@ -95,21 +80,13 @@ int run() {
   example::expect(wrong == 0, "results");
   example::expect(st.live_allocations == 0, "every allocation freed");
 
-  check(cudaEventDestroy(filled), "cudaEventDestroy");
-  check(cudaStreamDestroy(consumer), "cudaStreamDestroy");
-  check(cudaStreamDestroy(producer), "cudaStreamDestroy");
+  example::check_cuda(cudaEventDestroy(filled), "cudaEventDestroy");
+  example::check_cuda(cudaStreamDestroy(consumer), "cudaStreamDestroy");
+  example::check_cuda(cudaStreamDestroy(producer), "cudaStreamDestroy");
   std::printf("step 2 OK\n");
   return 0;
 }
 
 }  // namespace
 
-int main() {
-  if (!example::have_gpu()) return example::no_gpu;
-  try {
-    return run();
-  } catch (const std::exception& e) {  // streamalloc reports failures as exceptions
-    std::fprintf(stderr, "FAILED: %s\n", e.what());
-    return 1;
-  }
-}
+int main() { return example::main_of(run); }  // also catches what streamalloc throws: it reports failures as exceptions

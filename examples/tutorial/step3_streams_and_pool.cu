@@ -11,35 +11,19 @@
 #include <streamalloc/streamalloc.hpp>
 
 #include "../common.cuh"
+#include "kernels.cuh"
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
-#include <exception>
 #include <vector>
 
 namespace {
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "FAILED: %s: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
-
-__global__ void fill(std::uint32_t* p, std::size_t n, std::uint32_t batch) {
-  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n; i += std::size_t{gridDim.x} * blockDim.x) {
-    p[i] = static_cast<std::uint32_t>(i % 1000) + batch;
-  }
-}
-
-__global__ void square(const std::uint32_t* in, std::uint32_t* out, std::size_t n) {
-  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n; i += std::size_t{gridDim.x} * blockDim.x) {
-    out[i] = in[i] * in[i];
-  }
-}
+// The kernels the steps share (examples/tutorial/kernels.cuh).
+using tutorial::fill;
+using tutorial::square;
 
 constexpr std::size_t n = std::size_t{1} << 21;
 constexpr std::size_t bytes = n * sizeof(std::uint32_t);
@@ -82,15 +66,16 @@ int run() {
       if (b >= 2) producer.wait(consumed[b % 2]);
       auto* in = static_cast<std::uint32_t*>(pool.allocate(bytes, producer));
       fill<<<256, 256, 0, producer.get()>>>(in, n, seed(r, b));
-      check(cudaGetLastError(), "fill");
+      example::check_cuda(cudaGetLastError(), "fill");
 
       filled.record(producer);  // cudaEventRecord, and the pool learns of the record
       consumer.wait(filled);    // cudaStreamWaitEvent, and the pool learns of the wait
 
       auto* out = static_cast<std::uint32_t*>(pool.allocate(bytes, consumer));
       square<<<256, 256, 0, consumer.get()>>>(in, out, n);
-      check(cudaGetLastError(), "square");
-      check(cudaMemcpyAsync(results[b].data(), out, bytes, cudaMemcpyDeviceToHost, consumer.get()), "cudaMemcpyAsync");
+      example::check_cuda(cudaGetLastError(), "square");
+      example::check_cuda(cudaMemcpyAsync(results[b].data(), out, bytes, cudaMemcpyDeviceToHost, consumer.get()),
+                          "cudaMemcpyAsync");
       pool.deallocate(in, consumer);
       pool.deallocate(out, consumer);
       consumed[b % 2].record(consumer);
@@ -119,12 +104,4 @@ int run() {
 
 }  // namespace
 
-int main() {
-  if (!example::have_gpu()) return example::no_gpu;
-  try {
-    return run();
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "FAILED: %s\n", e.what());
-    return 1;
-  }
-}
+int main() { return example::main_of(run); }

@@ -10,36 +10,20 @@
 #include <streamalloc/streamalloc.hpp>
 
 #include "../common.cuh"
+#include "kernels.cuh"
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
-#include <exception>
 #include <string>
 #include <vector>
 
 namespace {
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "FAILED: %s: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
-
-__global__ void fill(std::uint32_t* p, std::size_t n, std::uint32_t batch) {
-  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n; i += std::size_t{gridDim.x} * blockDim.x) {
-    p[i] = static_cast<std::uint32_t>(i % 1000) + batch;
-  }
-}
-
-__global__ void square(const std::uint32_t* in, std::uint32_t* out, std::size_t n) {
-  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n; i += std::size_t{gridDim.x} * blockDim.x) {
-    out[i] = in[i] * in[i];
-  }
-}
+// The kernels the steps share (examples/tutorial/kernels.cuh).
+using tutorial::fill;
+using tutorial::square;
 
 constexpr std::size_t n = std::size_t{1} << 21;
 constexpr int batches = 12;
@@ -56,7 +40,7 @@ int run() {
       // n elements (uninitialized) on the producer, from the pool; data() is for work on the producer.
       streamalloc::stream_buffer<std::uint32_t> in(n, producer, pool);
       fill<<<256, 256, 0, producer.get()>>>(in.data(), in.size(), static_cast<std::uint32_t>(b));
-      check(cudaGetLastError(), "fill");
+      example::check_cuda(cudaGetLastError(), "fill");
 
       // Hand it to the consumer. order_after records an event on the producer and makes the
       // consumer wait for it; the stream_order it returns is the proof set_stream asks for.
@@ -65,7 +49,7 @@ int run() {
 
       streamalloc::stream_buffer<std::uint32_t> out(n, consumer, pool);
       square<<<256, 256, 0, consumer.get()>>>(in.data(), out.data(), n);
-      check(cudaGetLastError(), "square");
+      example::check_cuda(cudaGetLastError(), "square");
       out.copy_to(results[b]);  // cudaMemcpyAsync on the consumer; complete once the consumer has run it
     }  // `out` and `in` are freed here, each on its stream (now both the consumer), after the copy
     consumed[b % 2].record(consumer);  // after the frees: the producer's wait at b + 2 covers them
@@ -109,12 +93,4 @@ int run() {
 
 }  // namespace
 
-int main() {
-  if (!example::have_gpu()) return example::no_gpu;
-  try {
-    return run();
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "FAILED: %s\n", e.what());
-    return 1;
-  }
-}
+int main() { return example::main_of(run); }

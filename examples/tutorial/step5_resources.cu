@@ -10,6 +10,7 @@
 #include <streamalloc/streamalloc.hpp>
 
 #include "../common.cuh"
+#include "kernels.cuh"
 
 #include <cuda/memory_resource>
 #include <cuda/stream_ref>
@@ -17,24 +18,11 @@
 
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
-#include <exception>
 #include <vector>
 
 namespace {
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "FAILED: %s: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
-
-__global__ void fill(std::uint32_t* p, std::size_t n, std::uint32_t batch) {
-  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n; i += std::size_t{gridDim.x} * blockDim.x) {
-    p[i] = static_cast<std::uint32_t>(i % 1000) + batch;
-  }
-}
+using tutorial::fill;  // shared by the steps: examples/tutorial/kernels.cuh
 
 }  // namespace
 
@@ -62,9 +50,9 @@ inline void sum_of_next_squares(device_memory mr, cuda::stream_ref s, const std:
   const std::size_t bytes = n * sizeof(std::uint32_t);
   auto* squares = static_cast<std::uint32_t*>(mr.allocate_async(bytes, alignof(std::uint32_t), s));
   square<<<256, 256, 0, s.get()>>>(in, squares, n);
-  check(cudaGetLastError(), "mylib::square");
+  example::check_cuda(cudaGetLastError(), "mylib::square");
   add_next<<<256, 256, 0, s.get()>>>(squares, out, n);
-  check(cudaGetLastError(), "mylib::add_next");
+  example::check_cuda(cudaGetLastError(), "mylib::add_next");
   mr.deallocate_async(squares, bytes, alignof(std::uint32_t), s);  // after the kernels, in s's order
 }
 
@@ -88,7 +76,7 @@ int run() {
   std::size_t grows_after_first = 0;
   for (int c = 0; c < calls; ++c) {
     fill<<<256, 256, 0, s.get()>>>(in.data(), n, static_cast<std::uint32_t>(c));
-    check(cudaGetLastError(), "fill");
+    example::check_cuda(cudaGetLastError(), "fill");
     // The library gets the resource and the stream; CCCL's stream_ref carries only the handle,
     // so the pool looks the stream up by its id (one cuStreamGetId) at each call.
     mylib::sum_of_next_squares(mr, cuda::stream_ref(s.get()), in.data(), out.data(), n);
@@ -113,12 +101,4 @@ int run() {
 
 }  // namespace
 
-int main() {
-  if (!example::have_gpu()) return example::no_gpu;
-  try {
-    return run();
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "FAILED: %s\n", e.what());
-    return 1;
-  }
-}
+int main() { return example::main_of(run); }

@@ -11,31 +11,19 @@
 #include <streamalloc/streamalloc.hpp>
 
 #include "../common.cuh"
+#include "kernels.cuh"
 
 #include <cuda_runtime.h>
 
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
-#include <exception>
 #include <thread>
 #include <vector>
 
 namespace {
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "FAILED: %s: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
-
-__global__ void fill(std::uint32_t* p, std::size_t n, std::uint32_t batch) {
-  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n; i += std::size_t{gridDim.x} * blockDim.x) {
-    p[i] = static_cast<std::uint32_t>(i % 1000) + batch;
-  }
-}
+using tutorial::fill;  // shared by the steps: examples/tutorial/kernels.cuh
 
 __global__ void accumulate(std::uint32_t* total, const std::uint32_t* part, std::size_t n) {
   for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n; i += std::size_t{gridDim.x} * blockDim.x) {
@@ -54,13 +42,13 @@ int run() {
   total.fill_zero();
 
   // Everything enqueued on s from here to end_capture is recorded into a graph, not run.
-  check(cudaStreamBeginCapture(s.get(), cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+  example::check_cuda(cudaStreamBeginCapture(s.get(), cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
   // The pool sees that s is being captured: this allocation belongs to the graph.
   auto* workspace = static_cast<std::uint32_t*>(pool.allocate(bytes, s));
   fill<<<256, 256, 0, s.get()>>>(workspace, n, 1);
-  check(cudaGetLastError(), "fill");
+  example::check_cuda(cudaGetLastError(), "fill");
   accumulate<<<256, 256, 0, s.get()>>>(total.data(), workspace, n);
-  check(cudaGetLastError(), "accumulate");
+  example::check_cuda(cudaGetLastError(), "accumulate");
   pool.deallocate(workspace, s);  // a captured free: each launch ends the workspace's life here
   streamalloc::captured_graph graph = streamalloc::end_capture(s);  // cudaStreamEndCapture, and the graph's memory
 
@@ -102,12 +90,4 @@ int run() {
 
 }  // namespace
 
-int main() {
-  if (!example::have_gpu()) return example::no_gpu;
-  try {
-    return run();
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "FAILED: %s\n", e.what());
-    return 1;
-  }
-}
+int main() { return example::main_of(run); }
