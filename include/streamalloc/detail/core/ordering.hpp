@@ -163,10 +163,12 @@ class alignas(128) stream_record {
   /// (two fields cannot be read as one), so a reader never takes one owner's pointer for
   /// another's.
   [[nodiscard]] void* hint_for(std::uint64_t owner) const noexcept {
+    // Acquire loads throughout, no fences (which ThreadSanitizer cannot follow): the second
+    // read of the sequence cannot move above the fields' loads, and a field written after a
+    // writer's odd mark carries that mark with it.
     const std::uint32_t before = hint_seq_.load(std::memory_order_acquire);
-    const std::uint64_t o = hint_owner_.load(std::memory_order_relaxed);
-    void* p = hint_.load(std::memory_order_relaxed);
-    std::atomic_thread_fence(std::memory_order_acquire);
+    const std::uint64_t o = hint_owner_.load(std::memory_order_acquire);
+    void* p = hint_.load(std::memory_order_acquire);
     if ((before & 1) != 0 || hint_seq_.load(std::memory_order_relaxed) != before || o != owner) return nullptr;
     return p;
   }
@@ -176,9 +178,9 @@ class alignas(128) stream_record {
     if (p == nullptr && hint_owner_.load(std::memory_order_relaxed) != owner) return;
     const std::uint32_t seq = hint_seq_.load(std::memory_order_relaxed);
     hint_seq_.store(seq + 1, std::memory_order_relaxed);
-    std::atomic_thread_fence(std::memory_order_release);
-    hint_owner_.store(p == nullptr ? 0 : owner, std::memory_order_relaxed);
-    hint_.store(p, std::memory_order_relaxed);
+    // Release stores: the odd mark above cannot move below them (see hint_for).
+    hint_owner_.store(p == nullptr ? 0 : owner, std::memory_order_release);
+    hint_.store(p, std::memory_order_release);
     hint_seq_.store(seq + 2, std::memory_order_release);
   }
 
