@@ -35,7 +35,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
-#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
@@ -57,11 +56,6 @@ class ordered_after_list {
  public:
   using value_type = std::pair<std::uint64_t, std::uint64_t>;
   static constexpr std::size_t capacity = 2 * clock_kept;
-
-  ordered_after_list() noexcept = default;
-  ordered_after_list(std::initializer_list<value_type> l) noexcept {
-    for (const value_type& x : l) push_back(x.first, x.second);
-  }
 
   [[nodiscard]] const value_type* begin() const noexcept { return items_.data(); }
   [[nodiscard]] const value_type* end() const noexcept { return items_.data() + count_; }
