@@ -17,6 +17,7 @@ enum class block_state : std::uint8_t {
   pending,  ///< freed, in its stream's pending bins: reusable by that stream, others need proof
   clear,    ///< freed and known complete: reusable by every stream
   graph,    ///< held by a graph made by stream capture (graph_segments.hpp), in no bins
+  imported, ///< freed here while other processes still import it (pool_exports.hpp), in no bins
 };
 
 /// What a graph's block is to the graph and to the host (meaningful in state `graph` only).
@@ -47,6 +48,10 @@ struct alignas(64) block {
   block_state state = block_state::clear;
   graph_use use = graph_use::live;  ///< in state `graph`: what the graph does with it
   void* owner = nullptr;            ///< in state `graph`: the graph_segment holding it
+  // Exports to other processes (pool_exports.hpp), under the pool lock: the serial its
+  // descriptors carry (0: never exported since allocated), and the imports not yet released.
+  std::uint64_t export_serial = 0;
+  std::uint32_t imports = 0;
 };
 
 /// Owns block records; hands out recycled ones. Not thread-safe: used under the pool's lock.

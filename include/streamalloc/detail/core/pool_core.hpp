@@ -195,6 +195,7 @@ class pool_core final : public completion_listener {
     // The stream's state first: making it (the first free on a new stream) may fail for lack of
     // host memory, and must then leave the block live, as a refused free does.
     state& st = streams_.state_for(s, mutex_);
+    if (exported_.load(std::memory_order_acquire)) [[unlikely]] return deallocate_exported(p, st);
     block* b = live_.erase(p);
     if (b == nullptr) [[unlikely]] {
       if (free_graph_block(p, st)) return;
@@ -256,6 +257,8 @@ class pool_core final : public completion_listener {
     if (bytes >= old) return old;
     const std::uint64_t n = round_up(bytes == 0 ? 1 : bytes, free_bins::quantum);
     if (n >= old) return old;
+    if (b->imports != 0) return old;  // another process maps the tail (pool_exports.hpp)
+    b->export_serial = 0;            // descriptors of the old size are stale
     block* tail = split(b, n);
     tail->stream = st.record->id();
     tail->stamp = st.record->stamp();
@@ -324,6 +327,30 @@ class pool_core final : public completion_listener {
     return graphs_.segments();
   }
 
+  // --- exports to other processes (defined in pool_exports.hpp) ------------------------------
+
+  struct exported_block {
+    std::uint64_t serial, size;
+  };
+  /// The live allocation at `p` made exportable: the serial its descriptors carry, and its
+  /// size. Throws std::invalid_argument for a pointer that is not a live allocation's start.
+  exported_block export_block(std::uint64_t p);
+  /// Another process imports `bytes` of the block at `p` exported with `serial`: the block,
+  /// held (neither reused, released nor remapped) until release_import. Throws
+  /// std::invalid_argument saying why for a stale or forged descriptor.
+  block* import_block(std::uint64_t p, std::uint64_t serial, std::uint64_t bytes);
+  /// One import of `b` is over; if this process freed it meanwhile, it goes back now.
+  void release_import(block* b) noexcept;
+  /// Calls `f(chunk address, chunk, offset in it, length)` for each chunk under the first
+  /// `bytes` of held block `b`, in address order.
+  template <class F>
+  void for_each_piece(const block* b, std::uint64_t bytes, F&& f);
+  /// Bytes this process freed that importers still hold.
+  [[nodiscard]] std::uint64_t imported_held() {
+    std::lock_guard lock(mutex_);
+    return imported_held_;
+  }
+
   // --- queries -----------------------------------------------------------------------------
 
   pool_statistics statistics() {
@@ -343,6 +370,7 @@ class pool_core final : public completion_listener {
       s.largest_free_block = std::max({s.largest_free_block, st.pending.largest(), st.cache.largest()});
     });
     for (const auto& [b, since] : awaiting_device_idle_) s.free_pending += b->size;  // awaiting proof too
+    s.free_pending += imported_held_;  // awaiting other processes' releases
     s.chunks = space_.chunks().size();
     s.remapped_chunks = space_.remapped();
     s.grows = space_.grows();
@@ -570,13 +598,16 @@ class pool_core final : public completion_listener {
   graph_segment& segment_for(std::uint64_t capture, Tie& tie);
   /// A host-time free of graph block `p`: true when `p` is one (see pool_graphs.hpp).
   bool free_graph_block(std::uint64_t p, state& st);
-  /// Graph block `b` freed on `st`'s stream now: stamped, and counted in `st.graph_frees`.
-  void hold_graph_free(block* b, state& st) noexcept;
+  /// Block `b`, held by a graph or an importer, freed on `st`'s stream now: stamped, and
+  /// counted in `st.held_frees` until the holder lets go.
+  void hold_free(block* b, state& st) noexcept;
   /// That free is void or over: uncounted. Returns the freeing stream's state (null when the
   /// stream was not identified).
-  state* drop_graph_free(block* b) noexcept;
+  state* drop_held_free(block* b) noexcept;
   /// Frees the blocks of awaiting_device_idle_ that a device-wide synchronization has cleared.
   void clear_after_device_idle() noexcept;
+  /// deallocate, once the pool has exported a block: under the pool lock (pool_exports.hpp).
+  void deallocate_exported(std::uint64_t p, state& st);
 
   // --- graph memory (defined in pool_graph_memory.hpp) ---------------------------------------
 
@@ -688,6 +719,11 @@ class pool_core final : public completion_listener {
   // given makes free (pool_graphs.hpp).
   std::vector<std::pair<block*, std::uint64_t>> awaiting_device_idle_;
   std::vector<shared_pages> shared_pages_;  // per stream graphs are launched into
+  // Exports (pool_exports.hpp): set once a block has been exported, never cleared; the last
+  // serial given; bytes freed here that importers still hold.
+  std::atomic<bool> exported_{false};
+  std::uint64_t export_serials_ = 0;
+  std::uint64_t imported_held_ = 0;
 };
 
 }  // namespace streamalloc::detail
@@ -697,3 +733,4 @@ class pool_core final : public completion_listener {
 #include <streamalloc/detail/core/pool_growth.hpp>  // the definitions of the growth section
 #include <streamalloc/detail/core/pool_graphs.hpp>  // the definitions of the graphs section
 #include <streamalloc/detail/core/pool_graph_memory.hpp>  // graphs' own memory, shared pages
+#include <streamalloc/detail/core/pool_exports.hpp>  // allocations other processes import

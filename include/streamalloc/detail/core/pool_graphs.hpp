@@ -85,6 +85,9 @@ void pool_core<Backend>::deallocate_captured(std::uint64_t p, std::uint64_t capt
         --owner.live;
         return;
       }
+    } else if (const block* held = live_.find(p); held != nullptr && held->imports != 0) {
+      refused = " is imported by another process: a graph may not take over its free (the importer's release "
+                "would race the graph's launches); free it outside the capture";
     } else if (block* b = live_.erase(p)) {
       // Memory of the host's timeline, freed by the graph: a launch frees it. Work enqueued on
       // the capturing stream before the capture began may use it (the graph's launches are not
@@ -104,7 +107,7 @@ void pool_core<Backend>::deallocate_captured(std::uint64_t p, std::uint64_t capt
       set_state(b, block_state::graph);
       b->use = graph_use::adopted;
       if (known_freer) {
-        hold_graph_free(b, st);
+        hold_free(b, st);
       } else {
         b->stream = 0;
       }
@@ -132,28 +135,28 @@ bool pool_core<Backend>::free_graph_block(std::uint64_t p, state& st) {
   // free after another launch; the newer free orders the return.
   graph_segment& owner = graph_segments::owner_of(g);
   if (g->use == graph_use::freed_after) {
-    (void)drop_graph_free(g);
+    (void)drop_held_free(g);
   } else {
     --owner.live;
     ++owner.freed_after;
   }
   g->use = graph_use::freed_after;
-  hold_graph_free(g, st);
+  hold_free(g, st);
   return true;
 }
 
 template <pool_backend Backend>
-void pool_core<Backend>::hold_graph_free(block* b, state& st) noexcept {
+void pool_core<Backend>::hold_free(block* b, state& st) noexcept {
   b->stream = st.record->id();
   b->stamp = st.record->stamp();
   st.newest_stamp = std::max(st.newest_stamp, b->stamp);
-  ++st.graph_frees;
+  ++st.held_frees;
 }
 
 template <pool_backend Backend>
-auto pool_core<Backend>::drop_graph_free(block* b) noexcept -> state* {
+auto pool_core<Backend>::drop_held_free(block* b) noexcept -> state* {
   state* st = b->stream != 0 ? streams_.find(b->stream) : nullptr;
-  if (st != nullptr) --st->graph_frees;  // found: graph_frees kept it in the table
+  if (st != nullptr) --st->held_frees;  // found: held_frees kept it in the table
   return st;
 }
 
@@ -210,7 +213,7 @@ void pool_core<Backend>::graph_launched(std::uint64_t capture) noexcept {
   if (seg->freed_after != 0) {
     for (block* b : seg->blocks) {
       if (b->use != graph_use::freed_after) continue;
-      (void)drop_graph_free(b);  // the launch makes it again: that free is void
+      (void)drop_held_free(b);  // the launch makes it again: that free is void
       b->use = graph_use::live;
     }
     seg->live += seg->freed_after;
@@ -252,12 +255,12 @@ void pool_core<Backend>::release_graph(std::uint64_t capture, stream_key host) n
     if (b->use == graph_use::adopted && seg->launched) {
       // A launch freed it and has finished: by the free's contract, every use is ordered
       // before it.
-      (void)drop_graph_free(b);
+      (void)drop_held_free(b);
       make_clear(b);
       continue;
     }
     if (b->use == graph_use::freed_after || b->use == graph_use::adopted) {
-      if (state* freer = drop_graph_free(b)) {
+      if (state* freer = drop_held_free(b)) {
         free_pending(b, *freer);  // in that stream's order, with the stamp of its free
         continue;
       }

@@ -47,7 +47,7 @@ struct alignas(128) stream_state {
     cache_bytes = 0;
     last_event_epoch = 0;
     newest_stamp = 0;
-    graph_frees = 0;
+    held_frees = 0;
     live_bytes.store(0, std::memory_order_relaxed);
     live_count.store(0, std::memory_order_relaxed);
     peak_seen.store(0, std::memory_order_relaxed);
@@ -62,12 +62,13 @@ struct alignas(128) stream_state {
   std::deque<pending_event<Event>> events;  // under the pool lock
   std::uint64_t last_event_epoch = 0;
   std::uint64_t newest_stamp = 0;  // of the frees moved into pending, under the pool lock
-  /// Frees made on this stream of blocks a graph still holds (pool_graphs.hpp): not in the
-  /// pending bins yet, but their stamps need covering as theirs do, and the state must stay
-  /// until the graph gives them back. Under the pool lock.
-  std::uint32_t graph_frees = 0;
+  /// Frees made on this stream of blocks still held elsewhere, by a graph (pool_graphs.hpp) or
+  /// by another process that imported them (pool_exports.hpp): not in the pending bins yet,
+  /// but their stamps need covering as theirs do, and the state must stay until the holder
+  /// gives them back. Under the pool lock.
+  std::uint32_t held_frees = 0;
   /// Frees on this stream not yet known complete, or whose completion is still to be learned.
-  [[nodiscard]] bool has_frees() const noexcept { return !pending.empty() || graph_frees != 0; }
+  [[nodiscard]] bool has_frees() const noexcept { return !pending.empty() || held_frees != 0; }
   std::atomic<std::int64_t> live_bytes{0};
   std::atomic<std::int64_t> live_count{0};
   // Read and written on the fast path (under `lock`) and on the slow path (under the pool
