@@ -148,16 +148,31 @@ class physical_allocation {
                     return "importing physical memory from file descriptor " + std::to_string(fd) +
                            " (is it a descriptor from export_to_fd, received intact?)";
                   });
-    a.size_ = size;
-    CUmemAllocationProp prop{};
-    if (detail::cu::cuMemGetAllocationPropertiesFromHandle_nothrow(&prop, a.handle_) == CUDA_SUCCESS) {
-      a.location_ = prop.location.type == CU_MEM_LOCATION_TYPE_DEVICE
-                        ? memory_location::device(prop.location.id)
-                    : prop.location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA
-                        ? memory_location::host_numa(prop.location.id)
-                        : memory_location::host();
-      a.handle_types_ = static_cast<shareable_handle_type>(prop.requestedHandleTypes);
+    a.describe_imported(size);
+    return a;
+  }
+
+  /**
+   * @brief Imports physical memory another process (of this node or, over multi-node NVLink,
+   * of another) exported as a fabric handle.
+   * @param handle the 64 bytes the exporter's `cuMemExportToShareableHandle` wrote
+   * @param size the size of the exported allocation, as the exporter sent it
+   * @throws std::invalid_argument for a zero size
+   * @throws not_supported where the driver or system has no fabric handles (no IMEX channel)
+   * @throws cuda_error when the driver rejects the handle
+   */
+  [[nodiscard]] static physical_allocation import_from_fabric(const CUmemFabricHandle& handle, std::size_t size) {
+    if (size == 0) throw std::invalid_argument("streamalloc::physical_allocation::import_from_fabric: size is 0");
+    detail::ensure_context(0);
+    physical_allocation a;
+    const CUresult r = detail::cu::cuMemImportFromShareableHandle_nothrow(
+        &a.handle_, const_cast<CUmemFabricHandle*>(&handle), CU_MEM_HANDLE_TYPE_FABRIC);
+    if (r == CUDA_ERROR_NOT_SUPPORTED || r == CUDA_ERROR_NOT_PERMITTED) {
+      throw not_supported("streamalloc::physical_allocation::import_from_fabric: this system has no fabric handles "
+                          "(they need multi-node NVLink with an IMEX channel): " + detail::result_name(r));
     }
+    detail::check(r, "cuMemImportFromShareableHandle", [] { return "importing physical memory from a fabric handle"; });
+    a.describe_imported(size);
     return a;
   }
 
@@ -224,6 +239,18 @@ class physical_allocation {
     size_ = 0;
   }
 
+  /// After an import: the size the exporter sent, and the location and handle types the
+  /// driver reports.
+  void describe_imported(std::size_t size) noexcept {
+    size_ = size;
+    CUmemAllocationProp prop{};
+    if (detail::cu::cuMemGetAllocationPropertiesFromHandle_nothrow(&prop, handle_) == CUDA_SUCCESS) {
+      location_ = prop.location.type == CU_MEM_LOCATION_TYPE_DEVICE      ? memory_location::device(prop.location.id)
+                  : prop.location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA ? memory_location::host_numa(prop.location.id)
+                                                                         : memory_location::host();
+      handle_types_ = static_cast<shareable_handle_type>(prop.requestedHandleTypes);
+    }
+  }
   [[noreturn]] STREAMALLOC_COLD static void explain_create_failure(CUresult r, std::size_t size,
                                                                    memory_location where,
                                                                    allocation_options options) {

@@ -379,6 +379,12 @@ class event_ref {
   detail::event_state* state_ = nullptr;
 };
 
+/// An interprocess event as another process opens it (`event::export_ipc`, `event::import_ipc`):
+/// 64 opaque bytes, trivially copyable.
+struct ipc_event_handle {
+  CUipcEventHandle native{};  ///< the driver's handle
+};
+
 /**
  * @brief An owned CUDA event (timing disabled by default), destroyed on destruction.
  *
@@ -399,6 +405,57 @@ class event {
     detail::ensure_context(0);
     detail::check(detail::cu::cuEventCreate_nothrow(&event_, timing ? CU_EVENT_DEFAULT : CU_EVENT_DISABLE_TIMING),
                   "cuEventCreate");
+  }
+
+  /**
+   * @brief An event other processes can wait on and record (timing disabled, as CUDA requires
+   * of interprocess events), in the current context (device 0's if the thread has none).
+   *
+   * Imported pointers do not wait for the exporter's work, nor the exporter for the
+   * importer's: an interprocess event recorded after the writes and waited on by the reader is
+   * how each side orders its work after the other's (`export_ipc`, `import_ipc`).
+   */
+  [[nodiscard]] static event interprocess() {
+    event e(adopt_tag{}, nullptr);
+    detail::ensure_context(0);
+    detail::check(detail::cu::cuEventCreate_nothrow(&e.event_, CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING),
+                  "cuEventCreate", [] { return "an interprocess event"; });
+    return e;
+  }
+  /**
+   * @brief What another process passes to `import_ipc` to use this event: 64 bytes, sent by
+   * any means.
+   * @throws std::invalid_argument for an event not made by `interprocess()`
+   */
+  [[nodiscard]] ipc_event_handle export_ipc() const {
+    ipc_event_handle h;
+    const CUresult r = detail::cu::cuIpcGetEventHandle_nothrow(&h.native, event_);
+    if (r == CUDA_ERROR_INVALID_VALUE || r == CUDA_ERROR_INVALID_HANDLE) {
+      throw std::invalid_argument("streamalloc::event::export_ipc: the event was not made by event::interprocess()");
+    }
+    detail::check(r, "cuIpcGetEventHandle");
+    return h;
+  }
+  /**
+   * @brief Opens an interprocess event another process exported. Recording it here and
+   * waiting on it there (or the other way round) orders work across the two processes; the
+   * pools of this process learn nothing from it (stream order within a process is theirs,
+   * across processes it is the user's).
+   * @throws std::invalid_argument for a handle the driver does not know (not exported, or
+   *         its event destroyed): CUDA reports CUDA_ERROR_INVALID_VALUE
+   * @throws cuda_error otherwise (a handle exported by this same process is refused:
+   *         CUDA_ERROR_INVALID_CONTEXT)
+   */
+  [[nodiscard]] static event import_ipc(const ipc_event_handle& h) {
+    event e(adopt_tag{}, nullptr);
+    detail::ensure_context(0);
+    const CUresult r = detail::cu::cuIpcOpenEventHandle_nothrow(&e.event_, h.native);
+    if (r == CUDA_ERROR_INVALID_VALUE) {
+      throw std::invalid_argument("streamalloc::event::import_ipc: the driver knows no event by that handle (not "
+                                  "exported, or destroyed by its process)");
+    }
+    detail::check(r, "cuIpcOpenEventHandle");
+    return e;
   }
   /// Takes over `o`'s event; `o` is left empty.
   event(event&& o) noexcept : event_(std::exchange(o.event_, nullptr)), state_(std::move(o.state_)) {}
@@ -433,6 +490,9 @@ class event {
     if (event_ != nullptr) (void)detail::cu::cuEventDestroy_nothrow(event_);
     event_ = nullptr;
   }
+  struct adopt_tag {};
+  event(adopt_tag, cudaEvent_t e) : event_(e), state_(std::make_unique<detail::event_state>()) {}
+
   cudaEvent_t event_ = nullptr;
   std::unique_ptr<detail::event_state> state_;
 };

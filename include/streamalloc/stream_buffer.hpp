@@ -37,8 +37,6 @@ class basic_stream_buffer;
 }  // namespace STREAMALLOC_ORDERING_MODE
 
 namespace detail {
-template <class>
-inline constexpr bool dependent_false_v = false;
 
 template <class>
 inline constexpr bool is_stream_buffer_v = false;

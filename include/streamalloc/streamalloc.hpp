@@ -13,6 +13,7 @@
 #include <streamalloc/captured_graph.hpp>
 #include <streamalloc/graph_exec.hpp>
 #include <streamalloc/graph_allocation.hpp>
+#include <streamalloc/ipc.hpp>
 #include <streamalloc/ordering.hpp>
 #include <streamalloc/resource.hpp>
 #include <streamalloc/stream_buffer.hpp>

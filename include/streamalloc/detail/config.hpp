@@ -23,3 +23,10 @@
 #else
 #define STREAMALLOC_COLD
 #endif
+
+namespace streamalloc::detail {
+/// False, but only once a template is instantiated: a static_assert on it fires only for the
+/// misuse it explains (deleted-with-a-message members).
+template <class...>
+inline constexpr bool dependent_false_v = false;
+}  // namespace streamalloc::detail

@@ -6,6 +6,7 @@
 #include <streamalloc/access.hpp>
 #include <streamalloc/detail/driver/context.hpp>
 #include <streamalloc/detail/core/pool_core.hpp>
+#include <streamalloc/detail/ipc/exporter.hpp>
 #include <streamalloc/detail/pool/capture.hpp>
 #include <streamalloc/detail/pool/graph_ties.hpp>
 #include <streamalloc/detail/pool/vmm_backend.hpp>
@@ -298,6 +299,10 @@ class pool_state {
   /// See `pool::close`.
   pool_close_report close() noexcept {
     if (!core_) return {};
+    {
+      std::lock_guard lock(ipc_mutex_);
+      exporter_.reset();  // no importer gets anything once closing has begun
+    }
     detail::pools().remove(this);
     detail::forget_current_pool(this);
     pool_statistics stats;
@@ -438,6 +443,36 @@ class pool_state {
   [[nodiscard]] memory_location location() const noexcept { return props_.location; }
   [[nodiscard]] int device() const noexcept { return device_; }
   [[nodiscard]] std::size_t granularity() const { return core("granularity").granularity(); }
+
+  // IPC (ipc.hpp documents these as export_pool and export_pointer).
+  void export_ipc(std::string path) {
+    auto& c = core("export_pool");
+    (void)c;
+    if (props_.handle_types == shareable_handle_type::none) {
+      throw std::invalid_argument("streamalloc::export_pool: the pool was made without handle types; make it with "
+                                  "pool_properties::handle_types = shareable_handle_type::posix_fd to share it");
+    }
+    std::lock_guard lock(ipc_mutex_);
+    if (exporter_) {
+      throw std::invalid_argument("streamalloc::export_pool: the pool is exported at '" + exporter_->path() +
+                                  "' already");
+    }
+    exporter_ = std::make_unique<detail::ipc::exporter>(
+        core_, detail::ipc::pool_identity{props_.location, device_, props_.handle_types}, std::move(path));
+  }
+  [[nodiscard]] ipc_descriptor export_pointer(const void* p) {
+    (void)core("export_pointer");
+    std::lock_guard lock(ipc_mutex_);
+    if (!exporter_) {
+      throw std::invalid_argument("streamalloc::export_pointer: the pool is not exported (call export_pool first)");
+    }
+    return exporter_->describe(reinterpret_cast<std::uint64_t>(p));
+  }
+  /// Importers connected now (0 when not exported).
+  [[nodiscard]] std::size_t importers() {
+    std::lock_guard lock(ipc_mutex_);
+    return exporter_ ? exporter_->sessions() : 0;
+  }
 
   [[nodiscard]] std::optional<std::pair<void*, std::size_t>> find_allocation(const void* p) {
     auto r = core("find_allocation").find_live(reinterpret_cast<std::uint64_t>(p));
@@ -634,6 +669,8 @@ class pool_state {
   pool_properties props_;
   int device_ = 0;  ///< the device whose streams may allocate here
   std::shared_ptr<detail::vmm_pool_core> core_;
+  std::mutex ipc_mutex_;
+  std::unique_ptr<detail::ipc::exporter> exporter_;  // serving importers, once exported
 };
 
 }  // namespace streamalloc::detail
