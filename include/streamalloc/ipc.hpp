@@ -92,7 +92,9 @@ class ipc_handle {
  public:
   /// Holds nothing.
   ipc_handle() noexcept = default;
+  /// Takes over `o`'s import; `o` is left holding nothing.
   ipc_handle(ipc_handle&& o) noexcept : from_(std::move(o.from_)), imported_(std::exchange(o.imported_, {})) {}
+  /// Ends this import (as `reset`), then takes over `o`'s.
   ipc_handle& operator=(ipc_handle&& o) noexcept {
     if (this != &o) {
       reset();

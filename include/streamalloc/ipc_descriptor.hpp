@@ -27,7 +27,7 @@ struct ipc_descriptor {
   std::uint64_t address = 0;  ///< in the exporting process
   std::uint64_t size = 0;     ///< bytes the importer maps
   std::uint64_t serial = 0;   ///< of this allocation's export
-  std::uint64_t reserved[2]{};
+  std::uint64_t reserved[2]{};  ///< zero; room for later versions
 };
 static_assert(sizeof(ipc_descriptor) == 64 && std::is_trivially_copyable_v<ipc_descriptor>);
 
