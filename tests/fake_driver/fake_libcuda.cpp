@@ -12,7 +12,11 @@
 // It is a model, not the driver: the GPU tests check the real one. Environment knobs:
 //   FAKE_CUDA_DRIVER_VERSION  reported version (default 13000)
 //   FAKE_CUDA_INIT_RESULT     what cuInit returns (default 0)
-//   FAKE_CUDA_DEVICES         device count (default 1)
+//   FAKE_CUDA_DEVICES         device count (default 1, at most 8)
+//   FAKE_CUDA_NO_PEER         devices that are no other device's peer, comma-separated ("2" or
+//                             "0,2"): cuDeviceCanAccessPeer says 0 for every pair with one of
+//                             them, and cuMemSetAccess refuses to open device memory across such
+//                             a pair (the others are all peers of each other)
 //   FAKE_CUDA_NO_VMM          1: devices report no VMM support, cuMemCreate fails
 //   FAKE_CUDA_NO_POSIX_FD     1: devices cannot export POSIX file descriptors
 //   FAKE_CUDA_MISSING         a symbol cuGetProcAddress reports as not found
@@ -152,6 +156,21 @@ std::size_t device_memory() {
 
 CUresult need_init() { return S().initialized ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED; }
 
+bool isolated(int device) {
+  const char* v = std::getenv("FAKE_CUDA_NO_PEER");
+  if (v == nullptr) return false;
+  const std::string list = std::string(",") + v + ",";
+  return list.find("," + std::to_string(device) + ",") != std::string::npos;
+}
+// Can `device` access memory that lives on `peer`? Never its own through this question (the
+// driver answers 0 for a device and itself).
+bool peers(int device, int peer) { return device != peer && !isolated(device) && !isolated(peer); }
+
+// Calls reaching each device's legacy default stream (the handle names the current context's):
+// tests check that a pool reaches the legacy stream of the device it meant.
+std::atomic<long long> legacy_stream_calls[8] = {};
+std::atomic<long long> set_access_calls{0};
+
 // --- device and context -------------------------------------------------------------------
 
 CUresult fake_cuInit(unsigned flags) {
@@ -215,6 +234,22 @@ CUresult fake_cuCtxGetDevice(CUdevice* d) {
   if (current_context == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
   *d = static_cast<CUdevice>(reinterpret_cast<CUcontext*>(current_context) - primary_contexts);
   return CUDA_SUCCESS;
+}
+CUresult fake_cuDeviceCanAccessPeer(int* can, CUdevice d, CUdevice peer) {
+  if (CUresult r = need_init()) return r;
+  if (can == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (d < 0 || d >= devices() || peer < 0 || peer >= devices()) return CUDA_ERROR_INVALID_DEVICE;
+  *can = peers(d, peer) ? 1 : 0;
+  return CUDA_SUCCESS;
+}
+// The device of context `c` (a primary context), or -1.
+int device_of(CUcontext c) {
+  const auto* p = reinterpret_cast<CUcontext*>(c);
+  return p >= primary_contexts && p < primary_contexts + 8 ? static_cast<int>(p - primary_contexts) : -1;
+}
+void note_legacy_call() {
+  const int d = device_of(current_context);
+  if (d >= 0) ++legacy_stream_calls[d];
 }
 CUresult need_context() {
   if (CUresult r = need_init()) return r;
@@ -461,6 +496,7 @@ CUresult for_each_mapping(CUdeviceptr p, std::size_t size, F f) {
 
 CUresult fake_cuMemSetAccess(CUdeviceptr p, std::size_t size, const CUmemAccessDesc* d, std::size_t n) {
   if (CUresult r = need_context()) return r;
+  ++set_access_calls;
   std::lock_guard lock(S().m);
   for (std::size_t i = 0; i < n; ++i) {
     if (d[i].location.type == CU_MEM_LOCATION_TYPE_DEVICE && (d[i].location.id < 0 || d[i].location.id >= devices()))
@@ -468,6 +504,20 @@ CUresult fake_cuMemSetAccess(CUdeviceptr p, std::size_t size, const CUmemAccessD
   }
   CUresult covered = for_each_mapping(p, size, [](mapped&) {});
   if (covered != CUDA_SUCCESS) return covered;
+  // A device given access to another device's memory must be its peer (the driver's check,
+  // made only over memory that is mapped: hence the trap of granting on an empty pool).
+  bool refused = false;
+  (void)for_each_mapping(p, size, [&](mapped& m) {
+    const CUmemLocation& where = S().physicals[m.handle].location;
+    if (where.type != CU_MEM_LOCATION_TYPE_DEVICE) return;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (d[i].location.type == CU_MEM_LOCATION_TYPE_DEVICE && d[i].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE &&
+          d[i].location.id != where.id && !peers(d[i].location.id, where.id)) {
+        refused = true;
+      }
+    }
+  });
+  if (refused) return CUDA_ERROR_INVALID_DEVICE;
   return for_each_mapping(p, size, [&](mapped& m) {
     for (std::size_t i = 0; i < n; ++i) {
       if (d[i].location.type == CU_MEM_LOCATION_TYPE_DEVICE)
@@ -631,9 +681,9 @@ CUresult fake_cuStreamDestroy(CUstream s) {
 CUresult fake_cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus* status);
 CUresult fake_cuStreamGetId(CUstream s, unsigned long long* id) {
   const auto v = reinterpret_cast<std::uintptr_t>(s);
-  if (v <= 2) {  // the default streams of the current context
+  if (v <= 2) {  // the default streams of the current context: other streams in each context
     if (CUresult r = need_context()) return r;
-    *id = 1 + v;
+    *id = 1 + v + 4 * static_cast<unsigned long long>(std::max(0, device_of(current_context)));
     return CUDA_SUCCESS;
   }
   // As measured on the H100 (driver 580): refused for a capturing stream, in every mode.
@@ -659,6 +709,7 @@ CUresult fake_cuStreamGetCtx(CUstream s, CUcontext* c) {
 // run until the graph does, and the capture is invalidated.
 CUresult host_waits_for_stream(CUstream s) {
   if (CUresult r = need_init()) return r;
+  if (view_of(s).legacy) note_legacy_call();
   if (CUresult r = refuse_if_unsafe()) return r;
   if (!any_capture()) return CUDA_SUCCESS;
   const stream_view v = view_of(s);
@@ -684,13 +735,16 @@ bool is_capture_id(cuuint64_t last_record) {
 }
 struct fake_event {
   std::atomic<cuuint64_t> last_record{never_recorded};
+  CUcontext ctx = nullptr;  // current when it was made: it may be recorded on streams of that context only
 };
 fake_event& event_of(CUevent e) { return *reinterpret_cast<fake_event*>(e); }
 std::atomic<long long> captured_event_records{0};
 
 CUresult fake_cuEventCreate(CUevent* e, unsigned) {
   if (CUresult r = need_context()) return r;
-  *e = reinterpret_cast<CUevent>(new fake_event);
+  auto* ev = new fake_event;
+  ev->ctx = current_context;
+  *e = reinterpret_cast<CUevent>(ev);
   ++live_events;
   return CUDA_SUCCESS;
 }
@@ -704,6 +758,13 @@ CUresult fake_cuEventDestroy(CUevent e) {
 CUresult fake_cuEventRecord(CUevent e, CUstream s) {
   if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   fake_event& ev = event_of(e);
+  {
+    // As the driver: an event is recorded only on a stream of its own context (waiting on one
+    // from another context is allowed).
+    const stream_view v = view_of(s);
+    if (v.ctx != ev.ctx) return CUDA_ERROR_INVALID_HANDLE;
+    if (v.legacy) note_legacy_call();
+  }
   if (!any_capture()) {
     ev.last_record = recorded_outside_capture;
     return CUDA_SUCCESS;
@@ -1218,7 +1279,7 @@ struct refused_on_driver_thread<Fn> {
 const symbol symbols[] = {
     FAKE(cuInit), FAKE(cuDriverGetVersion), FAKE(cuDeviceGetCount), FAKE(cuDeviceGet),
     FAKE(cuDeviceGetName), FAKE(cuDeviceGetAttribute), FAKE(cuDevicePrimaryCtxRetain),
-    FAKE(cuCtxGetCurrent), FAKE(cuCtxSetCurrent), FAKE(cuCtxGetDevice), FAKE(cuGetErrorName),
+    FAKE(cuCtxGetCurrent), FAKE(cuCtxSetCurrent), FAKE(cuCtxGetDevice), FAKE(cuDeviceCanAccessPeer), FAKE(cuGetErrorName),
     FAKE(cuGetErrorString), FAKE(cuMemGetInfo), FAKE(cuMemGetAllocationGranularity),
     FAKE(cuMemAddressReserve), FAKE(cuMemAddressFree), FAKE(cuMemCreate), FAKE(cuMemRelease),
     FAKE(cuMemMap), FAKE(cuMemUnmap), FAKE(cuMemSetAccess), FAKE(cuMemGetAccess),
@@ -1339,6 +1400,26 @@ __attribute__((visibility("default"))) long long fake_cuda_exec_flags(CUgraphExe
   std::lock_guard lock(S().m);
   auto it = S().execs.find(exec);
   return it == S().execs.end() ? -1 : static_cast<long long>(it->second.flags);
+}
+
+/// For the tests: mappings whose access for `device` (-1: the host) is `flags` now.
+__attribute__((visibility("default"))) int fake_cuda_mappings_with_access(int device, unsigned long long flags) {
+  std::lock_guard lock(S().m);
+  int n = 0;
+  for (const auto& [at, m] : S().mappings) {
+    const unsigned long long f = device < 0 ? m.host_access : m.access_flags[device];
+    n += f == flags ? 1 : 0;
+  }
+  return n;
+}
+
+/// For the tests: cuMemSetAccess calls since the library was loaded.
+__attribute__((visibility("default"))) long long fake_cuda_set_access_calls() { return set_access_calls.load(); }
+
+/// For the tests: calls that reached device `device`'s legacy default stream (cuEventRecord,
+/// cuStreamQuery, cuStreamSynchronize on the legacy handle with that device's context current).
+__attribute__((visibility("default"))) long long fake_cuda_legacy_stream_calls(int device) {
+  return device >= 0 && device < 8 ? legacy_stream_calls[device].load() : 0;
 }
 
 /// For the tests: how many times cuGetProcAddress was asked for `name`.

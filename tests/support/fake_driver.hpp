@@ -86,6 +86,19 @@ inline long long fake_exec_flags(CUgraphExec exec) {
   return fake_hook<long long (*)(CUgraphExec)>("fake_cuda_exec_flags")(exec);
 }
 
+/// Mappings whose access for `device` (-1: the host) is `flags` now (a CU_MEM_ACCESS_FLAGS_PROT_* value).
+inline int fake_mappings_with_access(int device, unsigned long long flags) {
+  return fake_hook<int (*)(int, unsigned long long)>("fake_cuda_mappings_with_access")(device, flags);
+}
+
+/// cuMemSetAccess calls since the fake was loaded.
+inline long long fake_set_access_calls() { return fake_hook<long long (*)()>("fake_cuda_set_access_calls")(); }
+
+/// Calls that reached device `device`'s legacy default stream since the fake was loaded.
+inline long long fake_legacy_stream_calls(int device) {
+  return fake_hook<long long (*)(int)>("fake_cuda_legacy_stream_calls")(device);
+}
+
 /// Waits (10 s at most) for streamalloc's reaper to have let go of every hold on graph memory,
 /// after the fake's destructor thread has handed it every user object's end.
 inline bool reaper_idle() {
