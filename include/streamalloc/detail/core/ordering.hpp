@@ -384,12 +384,13 @@ class ordering_registry {
   /// synchronization that covers all of them).
   inline void complete_all(const std::vector<std::pair<record_ref, std::uint64_t>>& points);
 
-  /// Device-wide synchronizations of each device, counted as they begin and as they end: work
-  /// enqueued on `device` before `device_syncs_begun` returned g is done once
-  /// `device_syncs_done` exceeds g (for what no stream's record can prove: pool_graphs.hpp).
-  /// Devices beyond the first 64 are never counted as synchronized.
+  /// Device-wide synchronizations, numbered in one sequence for all devices as they begin, and
+  /// per device the highest number of one that has ended: work enqueued on `device`'s streams
+  /// before `device_syncs_begun(device)` returned g is done once `device_syncs_done(device)`
+  /// exceeds g (for what no stream's record can prove: pool_graphs.hpp). Devices beyond the
+  /// first 64 are never counted as synchronized.
   std::uint64_t begin_device_sync(int device) noexcept {
-    return in_range(device) ? device_syncs_begun_[device].fetch_add(1, std::memory_order_acq_rel) + 1 : 0;
+    return in_range(device) ? syncs_begun_.fetch_add(1, std::memory_order_acq_rel) + 1 : 0;
   }
   void end_device_sync(int device, std::uint64_t begun) noexcept {
     if (!in_range(device)) return;
@@ -397,11 +398,71 @@ class ordering_registry {
     while (begun > done && !device_syncs_done_[device].compare_exchange_weak(done, begun, std::memory_order_release)) {
     }
   }
+  /// As above for a device, or for a synchronization domain (below): the same sequence.
   [[nodiscard]] std::uint64_t device_syncs_begun(int device) const noexcept {
-    return in_range(device) ? device_syncs_begun_[device].load(std::memory_order_acquire) : 0;
+    return in_range(device) || device >= counted_devices ? syncs_begun_.load(std::memory_order_acquire) : 0;
   }
+  /// For a device, the highest number of its synchronizations that has ended; for a domain,
+  /// the least of that over the domain's devices.
   [[nodiscard]] std::uint64_t device_syncs_done(int device) const noexcept {
-    return in_range(device) ? device_syncs_done_[device].load(std::memory_order_acquire) : 0;
+    if (device < counted_devices) return in_range(device) ? device_syncs_done_[device].load(std::memory_order_acquire) : 0;
+    std::uint64_t done = device_syncs_done_[device % counted_devices].load(std::memory_order_acquire);
+    std::uint64_t users = 0;
+    // Every pool asks at every device-wide synchronization: no lock while no pool has peers.
+    if (domains_with_users_.load(std::memory_order_acquire) != 0) {
+      std::shared_lock lock(domains_mutex_);
+      if (auto it = domain_users_.find(device); it != domain_users_.end()) users = it->second;
+    }
+    for (int d = 0; d < counted_devices; ++d) {
+      if ((users >> d & 1) != 0) done = std::min(done, device_syncs_done_[d].load(std::memory_order_acquire));
+    }
+    return done;
+  }
+
+  /// Synchronization domains: the devices whose work one pool's memory may be waiting for. A
+  /// pool's memory lives on one device, but streams of other devices may use it once the pool
+  /// grants them access; "every piece of work that may use it is done" then needs a device-wide
+  /// synchronization of each of those devices (of the memory's device alone it proves nothing
+  /// about a peer's streams). A domain's id stands where a device's does in `device_syncs_begun`
+  /// and `device_syncs_done` (the pool core is given it as its device); ids are 64 and above,
+  /// the domain's first device being `id % 64`, so a domain without other devices costs no
+  /// lookup. Ids of closed domains are reused.
+  [[nodiscard]] int open_sync_domain(int device) {
+    if (!in_range(device)) return device;  // never counted as synchronized either way
+    std::unique_lock lock(domains_mutex_);
+    int serial = 0;
+    if (!free_domains_.empty()) {
+      serial = free_domains_.back();
+      free_domains_.pop_back();
+    } else {
+      serial = ++domains_made_;
+    }
+    return serial * counted_devices + device;
+  }
+  /// Streams of device `user` may use the memory of `domain` from now on (for the domain's
+  /// life: work they enqueued may outlive a revocation).
+  void add_domain_user(int domain, int user) {
+    if (domain < counted_devices || !in_range(user) || user == domain % counted_devices) return;
+    std::unique_lock lock(domains_mutex_);
+    std::uint64_t& users = domain_users_[domain];
+    if (users == 0) domains_with_users_.fetch_add(1, std::memory_order_acq_rel);
+    users |= std::uint64_t{1} << user;
+  }
+  /// The devices of `domain` besides its first, as a bit mask.
+  [[nodiscard]] std::uint64_t domain_users(int domain) const noexcept {
+    std::shared_lock lock(domains_mutex_);
+    auto it = domain_users_.find(domain);
+    return it != domain_users_.end() ? it->second : 0;
+  }
+  /// Nothing asks about `domain` any more (its pool core is gone); its id may be handed out again.
+  void close_sync_domain(int domain) noexcept {
+    if (domain < counted_devices) return;
+    std::unique_lock lock(domains_mutex_);
+    if (domain_users_.erase(domain) != 0) domains_with_users_.fetch_sub(1, std::memory_order_acq_rel);
+    try {
+      free_domains_.push_back(domain / counted_devices);
+    } catch (...) {  // out of host memory: the id is not reused
+    }
   }
 
   /// Stream `id` is being destroyed (by streamalloc's `stream`); listeners let go of it.
@@ -477,7 +538,13 @@ class ordering_registry {
   std::vector<completion_listener*> listeners_;
   static constexpr int counted_devices = 64;
   static bool in_range(int device) noexcept { return device >= 0 && device < counted_devices; }
-  std::array<std::atomic<std::uint64_t>, counted_devices> device_syncs_begun_{}, device_syncs_done_{};
+  std::atomic<std::uint64_t> syncs_begun_{0};
+  std::array<std::atomic<std::uint64_t>, counted_devices> device_syncs_done_{};
+  mutable std::shared_mutex domains_mutex_;
+  std::unordered_map<int, std::uint64_t> domain_users_;  // domain -> bit d: device d's streams use it
+  std::atomic<int> domains_with_users_{0};                // entries of domain_users_
+  std::vector<int> free_domains_;                        // serials of closed domains
+  int domains_made_ = 0;
 };
 
 /// The process's registry. Never destroyed: pools and handles may outlive main's locals.

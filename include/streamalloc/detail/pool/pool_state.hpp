@@ -255,18 +255,27 @@ class pool_state {
     props_.address_space = space;  // properties() reports the limit in force
     o.on_reserve = [this](std::uint64_t base, std::uint64_t size) { detail::pools().add(this, base, size); };
     o.reuse = props.reuse;
-    o.device = device;
     detail::ensure_context(device);
+    // What the core's device-wide synchronization accounting names (see open_sync_domain): the
+    // pool's device, and the devices it grants access to later, whose streams may then free
+    // here. The domain lives as long as the core, which graphs may keep past the pool.
+    const int domain = detail::ordering().open_sync_domain(device);
+    o.device = domain;
+    sync_domain_ = domain;
+    bool deleter_owns_domain = false;
     try {
+      std::unique_ptr<detail::vmm_pool_core> made(
+          new detail::vmm_pool_core(detail::vmm_backend(props.location, opts, std::move(access)), o));
+      deleter_owns_domain = true;
       // Shared: graphs made by capture hold it too (pool_graph_tie). Whoever lets go last
       // gives its memory back.
-      core_ = std::shared_ptr<detail::vmm_pool_core>(
-          new detail::vmm_pool_core(detail::vmm_backend(props.location, opts, std::move(access)), o),
-          [](detail::vmm_pool_core* c) {
-            (void)c->shutdown();
-            delete c;
-          });
+      core_ = std::shared_ptr<detail::vmm_pool_core>(made.release(), [domain](detail::vmm_pool_core* c) {
+        (void)c->shutdown();
+        delete c;
+        detail::ordering().close_sync_domain(domain);
+      });
     } catch (...) {
+      if (!deleter_owns_domain) detail::ordering().close_sync_domain(domain);
       detail::pools().remove(this);
       throw;
     }
@@ -669,6 +678,7 @@ class pool_state {
   pool_properties props_;
   int device_ = 0;  ///< the device whose streams may allocate here
   std::shared_ptr<detail::vmm_pool_core> core_;
+  int sync_domain_ = 0;  ///< the core's synchronization domain (ordering.hpp)
   std::mutex ipc_mutex_;
   std::unique_ptr<detail::ipc::exporter> exporter_;  // serving importers, once exported
 };
