@@ -1,16 +1,58 @@
 // The ordering a pool needs when streams of more than one device use its memory, against the
 // fake driver (tests/fake_driver), run with three devices of which device 2 is nobody's peer:
-// device-wide synchronizations counted per pool (synchronization domains).
+// device-wide synchronizations counted per pool (synchronization domains), and each device's
+// legacy default stream reached in that device's context.
 
+#include <streamalloc/detail/driver/driver_api.hpp>
 #include <streamalloc/pool.hpp>
+#include <streamalloc/stream.hpp>
 
 #include <doctest/doctest.h>
 
+#include "fake_driver.hpp"
+
 #include <cstdint>
+#include <thread>
 
 using namespace streamalloc;
+namespace cu = streamalloc::detail::cu;
+using streamalloc_test::fake_legacy_stream_calls;
+
+namespace {
+constexpr std::size_t MiB = std::size_t{1} << 20;
+
+/// Chunks of one granule, every free memory kept, no reuse across streams: what is mapped is
+/// exactly what the test asks for.
+pool_properties small_chunks(memory_location where = memory_location::device(0)) {
+  pool_properties p;
+  p.location = where;
+  p.chunk_size = 2 * MiB;
+  p.release_threshold = SIZE_MAX;
+  p.reuse = {false, false, false};
+  return p;
+}
+}  // namespace
 
 TEST_SUITE("pool_access") {
+
+TEST_CASE("another device's legacy default stream is reached in that device's context, from any thread") {
+  // A pool of device 1 (with peer access, a pool of device 0 too) used on the legacy stream by a
+  // thread with device 1 current: that handle names device 1's legacy stream there.
+  pool p1(small_chunks(memory_location::device(1)));
+  std::thread([&] {
+    cu::cuCtxSetCurrent(detail::primary_context(1));
+    void* x = p1.allocate(MiB, stream_ref::legacy_default());
+    p1.deallocate(x, stream_ref::legacy_default());
+  }).join();
+  // The pool learns whether that free ran from this thread, with device 0 current: asking the
+  // legacy handle here would reach device 0's legacy stream and take its idleness for device 1's.
+  cu::cuCtxSetCurrent(detail::primary_context(0));
+  const long long on0 = fake_legacy_stream_calls(0), on1 = fake_legacy_stream_calls(1);
+  const pool_close_report r = p1.close();  // asks whether any free may still run
+  CHECK(r.live_allocations == 0);
+  CHECK(fake_legacy_stream_calls(1) > on1);
+  CHECK(fake_legacy_stream_calls(0) == on0);
+}
 
 TEST_CASE("synchronization domains: a pool's memory that other devices use needs their synchronizations too") {
   auto& o = detail::ordering();

@@ -100,6 +100,7 @@ class vmm_backend {
 
   event record(const stream_key& k) {
     auto s = static_cast<CUstream>(k.native);
+    const stream_context on_stream_device(k);
     event e;
     check(cu::cuStreamGetCtx_nothrow(s, &e.ctx), "cuStreamGetCtx");
     auto& spare = spare_events_[e.ctx];
@@ -124,12 +125,17 @@ class vmm_backend {
   }
   bool done(event& e) { return cu::cuEventQuery_nothrow(e.ev) == CUDA_SUCCESS; }
   bool capturing(const stream_key& k) noexcept {
+    const stream_context on_stream_device(k);
     CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
     const CUresult r = cu::cuStreamIsCapturing_nothrow(static_cast<CUstream>(k.native), &status);
     return r != CUDA_SUCCESS || status != CU_STREAM_CAPTURE_STATUS_NONE;  // unknown: leave it alone
   }
-  bool idle(const stream_key& k) { return cu::cuStreamQuery_nothrow(static_cast<CUstream>(k.native)) == CUDA_SUCCESS; }
+  bool idle(const stream_key& k) {
+    const stream_context on_stream_device(k);
+    return cu::cuStreamQuery_nothrow(static_cast<CUstream>(k.native)) == CUDA_SUCCESS;
+  }
   void wait(const stream_key& k, event& e) {
+    const stream_context on_stream_device(k);
     check(cu::cuStreamWaitEvent_nothrow(static_cast<CUstream>(k.native), e.ev, 0), "cuStreamWaitEvent");
   }
   void synchronize(event& e) noexcept { (void)cu::cuEventSynchronize_nothrow(e.ev); }
@@ -142,6 +148,51 @@ class vmm_backend {
   }
 
  private:
+  /**
+   * The legacy default stream's handle names a different stream in each context: the legacy
+   * stream of whichever context is current on the calling thread. A pool reaches a stream
+   * whose handle stays valid (the legacy one included) from whatever thread settles its frees,
+   * and that thread may have another device current (any thread may use a pool of any device;
+   * with peer access, streams of several devices use one pool): querying or recording on the
+   * handle there would reach the wrong device's legacy stream, and take its idleness for this
+   * one's, so memory would be reused under work still running. While this guard lives, the
+   * primary context of the stream's device is current when the handle is the legacy one and
+   * the current context is another device's. Any other handle names one stream everywhere.
+   * Never throws: without the context it leaves things as they are.
+   */
+  class stream_context {
+   public:
+    explicit stream_context(const stream_key& k) noexcept {
+      const auto s = static_cast<CUstream>(k.native);
+      if ((s != nullptr && s != CU_STREAM_LEGACY) || k.record == nullptr) return;
+      const int device = k.record->device();
+      if (device < 0) return;
+      CUcontext current = nullptr;
+      if (cu::cuCtxGetCurrent_nothrow(&current) != CUDA_SUCCESS) return;
+      CUcontext own = nullptr;
+      try {
+        own = primary_context(device);
+      } catch (...) {
+        return;
+      }
+      if (current == own) return;
+      CUdevice d{};
+      // A context of the stream's device that the caller made current: its legacy stream is
+      // the one the record was made for (the handle was resolved there).
+      if (current != nullptr && cu::cuCtxGetDevice_nothrow(&d) == CUDA_SUCCESS && static_cast<int>(d) == device) return;
+      pushed_ = cu::cuCtxPushCurrent_nothrow(own) == CUDA_SUCCESS;
+    }
+    ~stream_context() {
+      CUcontext popped = nullptr;
+      if (pushed_) (void)cu::cuCtxPopCurrent_nothrow(&popped);
+    }
+    stream_context(const stream_context&) = delete;
+    stream_context& operator=(const stream_context&) = delete;
+
+   private:
+    bool pushed_ = false;
+  };
+
   memory_location where_;
   allocation_options options_;
   std::vector<access_descriptor> access_;
