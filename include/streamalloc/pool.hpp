@@ -5,6 +5,7 @@
 /// the semantics of `cudaMemPool_t` and `cudaMallocAsync` / `cudaFreeAsync`; `pool_ref`, its
 /// non-owning view; the current pool of each device; and the bad-free handler.
 
+#include <streamalloc/access.hpp>
 #include <streamalloc/detail/pool/pool_state.hpp>
 #include <streamalloc/memory_location.hpp>
 #include <streamalloc/ordering.hpp>
@@ -17,9 +18,11 @@
 #include <cstddef>
 #include <cstdio>
 #include <cstdlib>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -54,8 +57,8 @@ class pool_interface {
    * @throws out_of_memory when the pool is at its maximum size, the device has no memory, or
    *         the pool's addresses (`pool_properties::address_space`) are used up (then it says so)
    * @throws std::invalid_argument when `s` belongs to a device that cannot use the pool's
-   *         memory (another device than a device pool's; for a host pool, another device than
-   *         the one it was made for)
+   *         memory: another device than a device pool's (for a host pool, than the one it was
+   *         made for) that `set_access` has not granted access
    * @throws pool_closed after `close()`, or on a moved-from pool
    */
   [[nodiscard]] void* allocate(std::size_t bytes, stream_ref s, placement where = placement::packed) const {
@@ -69,7 +72,7 @@ class pool_interface {
    * `set_bad_free_handler`).
    * @throws std::invalid_argument, changing nothing, when `p` is not a live allocation of this
    *         pool (a foreign pointer, an interior pointer, or a double free), or when `s`
-   *         belongs to another device than the one `allocate` takes streams of
+   *         belongs to a device whose streams `allocate` refuses
    * @throws pool_closed after `close()` (the memory is gone already)
    */
   void deallocate(void* p, stream_ref s) const { state("deallocate").deallocate(p, s); }
@@ -165,7 +168,8 @@ class pool_interface {
 
   /**
    * @brief A synchronization point for the pool: blocks the host until the device has finished
-   * all work (all devices', for a host pool), so every free made before is reusable by every
+   * all work (all devices', for a host pool; for a device pool, also every device ever granted
+   * access, whose streams may have freed here), so every free made before is reusable by every
    * stream, then applies the release threshold.
    * @return for a device pool, the proof that the host saw the device's work finish
    * @throws cuda_error, pool_closed
@@ -186,7 +190,8 @@ class pool_interface {
   /// Where the memory lives. @throws pool_closed on a moved-from pool
   [[nodiscard]] memory_location location() const { return state("location").location(); }
   /// The device whose streams allocate here and whose kernels use the memory (a device pool's
-  /// own; for a host pool, the device it was made for). @throws pool_closed on a moved-from pool
+  /// own; for a host pool, the device it was made for); devices granted access by `set_access`
+  /// may too. @throws pool_closed on a moved-from pool
   [[nodiscard]] int device() const { return state("device").device(); }
   /// The allocation granularity of the pool's memory. @throws pool_closed after `close()`
   [[nodiscard]] std::size_t granularity() const { return state("granularity").granularity(); }
@@ -196,6 +201,61 @@ class pool_interface {
   [[nodiscard]] std::optional<std::pair<void*, std::size_t>> find_allocation(const void* p) const {
     return state("find_allocation").find_allocation(p);
   }
+
+  /**
+   * @brief Gives each device in `who` the access its descriptor says to all of the pool's
+   * memory: every allocation made before and after, including memory mapped later by growth,
+   * defragmentation, `grow_in_place` and graphs (like `cudaMemPoolSetAccess`). `access_flags::read`
+   * allows loads only, `read_write` loads and stores, `none` revokes a peer's access, at once
+   * over the memory mapped now. Streams of a device with access (read or read-write) may then
+   * allocate from the pool and free to it; the memory stays where the pool says.
+   *
+   * Every descriptor is checked before anything changes: a device that cannot access the
+   * memory is refused now, even on a pool that holds no memory yet (the driver would accept it
+   * there and fail the next allocation). A device pool's memory is open to the peers of its
+   * device (`cuDeviceCanAccessPeer`); a host pool's to every device that can map host memory
+   * of its kind. This access is the pool's own: `cudaDeviceEnablePeerAccess` neither gives it
+   * nor takes it away.
+   *
+   * Thread-safe: other threads may allocate and free meanwhile. Ordering rule: a device's
+   * kernels may use the memory once this call has returned; a revocation must come after every
+   * use by that device (synchronize with its work first), and its streams are refused from
+   * the moment the call begins. Costs tens of microseconds per physical chunk the pool maps
+   * (the driver's price): grant once, early, rather than back and forth.
+   *
+   * @code
+   * streamalloc::pool p({.location = streamalloc::memory_location::device(0)});
+   * p.set_access({{streamalloc::memory_location::device(1), streamalloc::access_flags::read_write}});
+   * streamalloc::stream s1(1);
+   * void* x = p.allocate(bytes, s1);   // on device 0, used by device 1's kernels
+   * @endcode
+   * @param who one descriptor per device (or, for a host pool, the host), each named once
+   * @throws not_supported when a device cannot access the memory (naming it and where the memory lives)
+   * @throws std::invalid_argument, changing nothing, for a device that does not exist, a
+   *         location named twice, the host for a device pool, or a reduction of the access of
+   *         the memory's own device (or, for a host pool, of the host's or of the device the
+   *         pool was made for), which is read-write for the pool's life
+   * @throws cuda_error when the driver refuses (nothing has changed then)
+   * @throws pool_closed after `close()`
+   */
+  void set_access(std::span<const access_descriptor> who) const { state("set_access").set_access(who); }
+  /// @overload
+  void set_access(std::initializer_list<access_descriptor> who) const {
+    set_access(std::span<const access_descriptor>(who.begin(), who.size()));
+  }
+  /// @brief Gives `where` the access `flags` (see the list form).
+  void set_access(memory_location where, access_flags flags) const {
+    const access_descriptor d{where, flags};
+    set_access(std::span<const access_descriptor>(&d, 1));
+  }
+
+  /**
+   * @brief What `where` may do with the pool's memory (like `cudaMemPoolGetAccess`): read-write
+   * for the memory's own device (and, for a host pool, for the host and the device it was made
+   * for), what `set_access` granted for other devices, none otherwise.
+   * @throws pool_closed after `close()`
+   */
+  [[nodiscard]] access_flags access(memory_location where) const { return state("access").access(where); }
 
  private:
   [[nodiscard]] const Derived& self() const noexcept { return static_cast<const Derived&>(*this); }
@@ -268,8 +328,9 @@ class pool : public detail::pool_interface<pool> {
   /**
    * @brief Releases everything now and reports what was never freed. Work ordered before the
    * pool's frees is waited for: when a free may still be running on the device, or allocations
-   * are still live, the host first synchronizes with the device whose streams use the memory,
-   * so nothing is unmapped under running work. The pool cannot be used afterwards (every
+   * are still live, the host first synchronizes with the devices whose streams use the memory
+   * (its own, and every device ever granted access), so nothing is unmapped under running
+   * work. The pool cannot be used afterwards (every
    * member but `closed`, `owns`, `properties`, `location`, `device` and `close` throws
    * `pool_closed`); if it is some device's current pool, that device's default pool becomes
    * current again.

@@ -32,6 +32,7 @@
 #include <mutex>
 #include <optional>
 #include <shared_mutex>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -255,6 +256,8 @@ class pool_state {
     props_.address_space = space;  // properties() reports the limit in force
     o.on_reserve = [this](std::uint64_t base, std::uint64_t size) { detail::pools().add(this, base, size); };
     o.reuse = props.reuse;
+    device_access_[static_cast<std::size_t>(device)].store(access_flags::read_write, std::memory_order_relaxed);
+    users_.store(std::uint64_t{1} << device, std::memory_order_relaxed);
     detail::ensure_context(device);
     // What the core's device-wide synchronization accounting names (see open_sync_domain): the
     // pool's device, and the devices it grants access to later, whose streams may then free
@@ -320,10 +323,13 @@ class pool_state {
     } catch (...) {  // out of host memory: the report says less
     }
     if (stats.live_allocations != 0 || core_->frees_in_flight()) {
-      try {
-        synchronize_device(device_);
-      } catch (...) {  // a lost context: no work of it runs any more
-      }
+      // Every device that ever had access may run work on the memory (see set_access).
+      for_each_user([](int d) {
+        try {
+          synchronize_device(d);
+        } catch (...) {  // a lost context: no work of it runs any more
+        }
+      });
     }
     if (core_->graphs_alive() == 0) {
       const auto [count, bytes] = core_->shutdown();
@@ -355,7 +361,7 @@ class pool_state {
     const detail::capture_info capture = detail::capture_of(s.get(), "streamalloc::pool::allocate");
     if (capture.id != 0) [[unlikely]] return allocate_in_capture(bytes, s, capture);
     const detail::stream_key key = detail::key_of(s);
-    if (key.record->device() != device_) [[unlikely]] throw_wrong_device("allocate", key.record->device());
+    if (key.record->device() != device_) [[unlikely]] require_access("allocate", key.record->device());
     return allocate_keyed(bytes, [&](std::uint64_t n) { return core_->allocate(n, key, where); });
   }
 
@@ -365,7 +371,7 @@ class pool_state {
     const detail::capture_info capture = detail::capture_of(s.get(), "streamalloc::pool::deallocate");
     if (capture.id != 0) [[unlikely]] return deallocate_in_capture(p, s, capture);
     const detail::stream_key key = detail::key_of(s);
-    if (key.record->device() != device_) [[unlikely]] throw_wrong_device("deallocate", key.record->device());
+    if (key.record->device() != device_) [[unlikely]] require_access("deallocate", key.record->device());
     core_->deallocate(reinterpret_cast<std::uint64_t>(p), key);
   }
 
@@ -403,7 +409,7 @@ class pool_state {
     // stream's order may be in use then. Growing is refused, as when something is in the way.
     if (detail::capture_of(s.get(), "streamalloc::pool::grow_in_place").id != 0) return 0;
     const detail::stream_key key = detail::key_of(s);
-    if (key.record->device() != device_) [[unlikely]] throw_wrong_device("grow_in_place", key.record->device());
+    if (key.record->device() != device_) [[unlikely]] require_access("grow_in_place", key.record->device());
     return static_cast<std::size_t>(core_->grow_in_place(reinterpret_cast<std::uint64_t>(p), bytes, key));
   }
 
@@ -418,7 +424,7 @@ class pool_state {
       return static_cast<std::size_t>(found->second);
     }
     const detail::stream_key key = detail::key_of(s);
-    if (key.record->device() != device_) [[unlikely]] throw_wrong_device("shrink_in_place", key.record->device());
+    if (key.record->device() != device_) [[unlikely]] require_access("shrink_in_place", key.record->device());
     return static_cast<std::size_t>(core_->shrink_in_place(reinterpret_cast<std::uint64_t>(p), bytes, key));
   }
 
@@ -433,7 +439,14 @@ class pool_state {
 
   host_order synchronize() {
     if (!core_) [[unlikely]] throw_closed("synchronize");
-    if (props_.location.is_device()) return synchronize_device(props_.location.id());
+    if (props_.location.is_device()) {
+      // The peers that had access first: their streams' frees are this pool's too. The proof
+      // returned is the memory's own device's.
+      for_each_user([&](int d) {
+        if (d != device_) (void)synchronize_device(d);
+      });
+      return synchronize_device(props_.location.id());
+    }
     host_order last = synchronize_device(0);
     for (int d = 1; d < device_count(); ++d) last = synchronize_device(d);
     return last;
@@ -452,6 +465,76 @@ class pool_state {
   [[nodiscard]] memory_location location() const noexcept { return props_.location; }
   [[nodiscard]] int device() const noexcept { return device_; }
   [[nodiscard]] std::size_t granularity() const { return core("granularity").granularity(); }
+
+  void set_access(std::span<const access_descriptor> who) {
+    detail::vmm_pool_core& c = core("set_access");
+    // One change at a time: each is checked against the access in force, and the flags read
+    // by allocate follow the driver's state in the order the changes are made.
+    std::lock_guard lock(access_change_);
+    std::vector<access_descriptor> changes;
+    for (std::size_t i = 0; i < who.size(); ++i) {
+      const access_descriptor& d = who[i];
+      for (std::size_t j = 0; j < i; ++j) {
+        if (who[j].location == d.location) {
+          throw std::invalid_argument("streamalloc::pool::set_access: " + d.location.to_string() +
+                                      " is named twice in one call");
+        }
+      }
+      // What a device has already costs no driver call (revoking what a device never had
+      // included: the driver might not even accept that for a device that is not a peer).
+      if (check_grant(d) && device_access_[static_cast<std::size_t>(d.location.id())].load(
+                                std::memory_order_relaxed) != d.flags) {
+        changes.push_back(d);
+      }
+    }
+    if (changes.empty()) return;
+    for (const access_descriptor& d : changes) {
+      if (d.flags == access_flags::none) continue;
+      // Before the driver is asked: from now on, work of that device may use the memory, and
+      // a synchronization of the pool's memory must cover it (for the rest of its life: work
+      // it enqueued may outlive a revocation).
+      users_.fetch_or(std::uint64_t{1} << d.location.id(), std::memory_order_acq_rel);
+      detail::ordering().add_domain_user(sync_domain_, d.location.id());
+    }
+    // A revoked device's streams are refused before its access goes; a granted one's only
+    // once it has it.
+    std::vector<std::pair<int, access_flags>> lowered;
+    for (const access_descriptor& d : changes) {
+      auto& slot = device_access_[static_cast<std::size_t>(d.location.id())];
+      const access_flags was = slot.load(std::memory_order_relaxed);
+      if (rank(d.flags) < rank(was)) {
+        lowered.emplace_back(d.location.id(), was);
+        slot.store(d.flags, std::memory_order_release);
+      }
+    }
+    try {
+      detail::ensure_context(device_);
+      // cuMemSetAccess is a call another thread's global-mode capture forbids.
+      const detail::relaxed_capture_mode relaxed;
+      c.backend().set_access(changes);
+    } catch (...) {
+      for (const auto& [dev, was] : lowered) device_access_[static_cast<std::size_t>(dev)].store(was, std::memory_order_release);
+      throw;
+    }
+    for (const access_descriptor& d : changes) {
+      device_access_[static_cast<std::size_t>(d.location.id())].store(d.flags, std::memory_order_release);
+    }
+  }
+
+  [[nodiscard]] access_flags access(memory_location where) const {
+    (void)core("access");
+    if (where.is_host()) return props_.location.is_host() ? access_flags::read_write : access_flags::none;
+    if (where.id() >= detail::max_devices) return access_flags::none;
+    return device_access_[static_cast<std::size_t>(where.id())].load(std::memory_order_acquire);
+  }
+
+  /// May streams of `device` allocate here and free here? Its own device's, and those of
+  /// devices granted access (read or read-write).
+  [[nodiscard]] bool serves(int device) const noexcept {
+    if (device == device_) return true;
+    return device >= 0 && device < detail::max_devices &&
+           device_access_[static_cast<std::size_t>(device)].load(std::memory_order_acquire) != access_flags::none;
+  }
 
   // IPC (ipc.hpp documents these as export_pool and export_pointer).
   void export_ipc(std::string path) {
@@ -525,15 +608,112 @@ class pool_state {
                       ": the pool was moved from (its memory belongs to the pool it was moved into)");
   }
 
+  /// A stream of another device than the pool's: served when that device has access, else
+  /// refused. Out of line: the pool's own device's streams never come here.
+  STREAMALLOC_COLD void require_access(const char* member, int stream_device) const {
+    if (!serves(stream_device)) throw_wrong_device(member, stream_device);
+  }
+
   [[noreturn]] STREAMALLOC_COLD void throw_wrong_device(const char* member, int stream_device) const {
+    const std::string grant = "grant device " + std::to_string(stream_device) +
+                              " access first (pool.set_access(streamalloc::memory_location::device(" +
+                              std::to_string(stream_device) + "), streamalloc::access_flags::read_write))";
     const std::string advice = std::string(member) == "allocate"
-                                   ? "allocate from that device's pool (streamalloc::current_pool(" +
+                                   ? grant + ", or allocate from that device's pool (streamalloc::current_pool(" +
                                          std::to_string(stream_device) + "))"
-                                   : "use a stream of device " + std::to_string(device_);
+                                   : grant + ", or use a stream of device " + std::to_string(device_);
     throw std::invalid_argument(std::string("streamalloc::pool::") + member + ": the stream belongs to device " +
                                 std::to_string(stream_device) + ", but this pool's memory (" +
-                                props_.location.to_string() + ") is for device " + std::to_string(device_) + "; " +
-                                advice);
+                                props_.location.to_string() + ") is for device " + std::to_string(device_) +
+                                " and the devices granted access, and device " + std::to_string(stream_device) +
+                                " has none; " + advice);
+  }
+
+  /// none < read < read_write.
+  static int rank(access_flags f) noexcept {
+    return f == access_flags::read_write ? 2 : f == access_flags::read ? 1 : 0;
+  }
+
+  /// Checks one change of `set_access` against what the memory allows, before anything is
+  /// changed. False when it changes nothing (read-write for the memory's own location).
+  bool check_grant(const access_descriptor& d) const {
+    const std::string who = "streamalloc::pool::set_access: ";
+    if (d.flags != access_flags::none && d.flags != access_flags::read && d.flags != access_flags::read_write) {
+      throw std::invalid_argument(who + "access_flags " + std::to_string(static_cast<unsigned>(d.flags)) +
+                                  " for " + d.location.to_string() + " is none of none, read, read_write");
+    }
+    const char* const flags_name = d.flags == access_flags::read ? "read" : "none";
+    if (d.location.is_host()) {
+      if (props_.location.is_device()) {
+        throw std::invalid_argument(who + "the host cannot be given access to this pool's memory, which lives on " +
+                                    props_.location.to_string() +
+                                    " (the CPU cannot map device memory: make a pool on a host location for memory "
+                                    "the CPU uses)");
+      }
+      if (d.flags != access_flags::read_write) {
+        throw std::invalid_argument(who + "the host's access to this pool's memory, which lives on " +
+                                    props_.location.to_string() + ", cannot be reduced (asked: " + flags_name + ")");
+      }
+      return false;
+    }
+    const int dev = d.location.id();
+    if (dev >= device_count()) throw std::invalid_argument(who + "there is no device " + std::to_string(dev));
+    if (dev >= detail::max_devices) {
+      throw std::invalid_argument(who + "device " + std::to_string(dev) + " is beyond the devices streamalloc serves (0 to " +
+                                  std::to_string(detail::max_devices - 1) + ")");
+    }
+    if (dev == device_) {
+      if (d.flags != access_flags::read_write) {
+        const std::string why = props_.location.is_device()
+                                    ? "the memory lives there"
+                                    : "the pool was made for it (its streams allocate here)";
+        throw std::invalid_argument(who + "device " + std::to_string(dev) +
+                                    "'s access to this pool's memory cannot be removed or reduced (asked: " +
+                                    flags_name + "): " + why);
+      }
+      return false;
+    }
+    if (d.flags == access_flags::none) return true;  // revoking needs no capability
+    if (props_.location.is_device()) {
+      int can = 0;
+      detail::check(detail::cu::cuDeviceCanAccessPeer_nothrow(&can, detail::device_handle(dev),
+                                                              detail::device_handle(device_)),
+                    "cuDeviceCanAccessPeer", [&] {
+                      return "asking whether device " + std::to_string(dev) + " can access the memory of device " +
+                             std::to_string(device_);
+                    });
+      if (can == 0) {
+        // Refused here, not by the driver: on a pool that holds no memory yet the driver's
+        // own grant succeeds, and the next allocation fails instead (spec: the SetAccess trap).
+        throw not_supported(who + "device " + std::to_string(dev) + " cannot access the memory of device " +
+                            std::to_string(device_) + ", where this pool's memory lives: they are not peers "
+                            "(cuDeviceCanAccessPeer(" + std::to_string(dev) + ", " + std::to_string(device_) +
+                            ") is 0)");
+      }
+      return true;
+    }
+    // Host memory: any device that can map memory of that kind through the VMM API.
+    const device_capabilities c = query_capabilities(dev);
+    const bool numa = props_.location.type() == memory_location::kind::host_numa;
+    const char* missing = !c.virtual_memory                   ? "VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED"
+                          : numa && !c.host_numa_memory       ? "HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED"
+                          : !numa && !c.host_memory           ? "HOST_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED"
+                                                              : nullptr;
+    if (missing != nullptr) {
+      throw not_supported(who + "device " + std::to_string(dev) + " cannot access this pool's memory on " +
+                          props_.location.to_string() + ": it cannot map " + (numa ? "host NUMA" : "host") +
+                          " memory through the VMM API (CU_DEVICE_ATTRIBUTE_" + missing + " is 0)");
+    }
+    return true;
+  }
+
+  /// Calls `f(device)` for the pool's device and every device ever granted access.
+  template <class F>
+  void for_each_user(F&& f) const {
+    const std::uint64_t users = users_.load(std::memory_order_acquire);
+    for (int d = 0; d < detail::max_devices; ++d) {
+      if ((users >> d & 1) != 0) f(d);
+    }
   }
 
   /// Refuses sizes no device could serve, before anything is computed from them.
@@ -638,7 +818,7 @@ class pool_state {
   /// default stream's handle names another stream on each thread.
   std::uint64_t captured_stream(stream_ref s, const char* member) const {
     if (const detail::stream_record* r = s.known_record(); r != nullptr && r->device() != device_) [[unlikely]] {
-      throw_wrong_device(member, r->device());
+      require_access(member, r->device());
     }
     if (detail::is_per_thread_handle(s.get())) {
       static thread_local const char this_thread = 0;
@@ -676,9 +856,15 @@ class pool_state {
   }
 
   pool_properties props_;
-  int device_ = 0;  ///< the device whose streams may allocate here
+  int device_ = 0;  ///< the device whose streams may allocate here (and devices granted access)
   std::shared_ptr<detail::vmm_pool_core> core_;
   int sync_domain_ = 0;  ///< the core's synchronization domain (ordering.hpp)
+  // Peer access (set_access): what each device may do, read on the allocation path of another
+  // device's stream; the devices ever granted (bit d: device d), whose work a synchronization
+  // of the pool's memory covers; changes one at a time.
+  std::array<std::atomic<access_flags>, detail::max_devices> device_access_{};
+  std::atomic<std::uint64_t> users_{0};
+  std::mutex access_change_;
   std::mutex ipc_mutex_;
   std::unique_ptr<detail::ipc::exporter> exporter_;  // serving importers, once exported
 };

@@ -2,7 +2,13 @@
 
 // The pool core's backend on the real driver: physical memory through the VMM layer, device
 // events through the driver, pooled per context (an event belongs to the context it was made
-// in, and a stream's events must be made in the stream's context).
+// in, and a stream's events must be made in the stream's context: a peer device's stream gets
+// events of its own context).
+//
+// Access: every mapping the core makes (chunks from growth, chunks remapped by defragmentation,
+// the tail grow_in_place maps, graphs' pieces and shared pages) goes through map(), which
+// applies the pool's access list; set_access() changes that list and applies the change to
+// everything mapped, so a grant covers the memory mapped before it and after it.
 
 #include <streamalloc/access.hpp>
 #include <streamalloc/address_reservation.hpp>
@@ -12,8 +18,13 @@
 #include <streamalloc/mapping.hpp>
 #include <streamalloc/physical_allocation.hpp>
 
+#include <cstddef>
 #include <map>
+#include <memory>
+#include <mutex>
+#include <span>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace streamalloc::detail {
@@ -78,25 +89,49 @@ class vmm_backend {
   }
 
   void map(std::uint64_t va, std::uint64_t bytes, handle& h) {
-    mapping m(va, h, 0, bytes);
-    set_access(va, bytes, access_);
+    std::lock_guard lock(*access_mutex_);
+    mapping m(va, h, 0, bytes);  // unmapped again by its destructor if the access fails
+    apply(va, bytes, access_);
     maps_.emplace(va, std::move(m));
   }
-  void unmap(std::uint64_t va, std::uint64_t) noexcept { maps_.erase(va); }
+  void unmap(std::uint64_t va, std::uint64_t) noexcept {
+    std::lock_guard lock(*access_mutex_);
+    maps_.erase(va);
+  }
   void release(handle& h) noexcept { h = physical_allocation(); }
 
-  /// Grants another location access to everything mapped now (and, through access_, later).
-  void add_access(access_descriptor d) {
-    for (auto& a : access_) {
-      if (a.location == d.location) {
-        a.flags = d.flags;
-        d.flags = access_flags::none;
+  /**
+   * Sets the access of each location in `who` (`none` revokes it) over everything mapped now,
+   * and over all mapped later. All or nothing: when the driver refuses one mapping, those
+   * changed already get their previous access back and the list is as it was.
+   *
+   * Takes a lock of its own rather than the pool's: the core calls map and unmap under the
+   * pool lock, and then this lock, so a grant never waits for the pool lock (a thread that
+   * allocates meanwhile is not held up by it either, unless it maps), and a mapping made
+   * while it runs gets either the old list, changed afterwards here, or the new one.
+   */
+  void set_access(std::span<const access_descriptor> who) {
+    std::lock_guard lock(*access_mutex_);
+    const std::vector<access_descriptor> before = access_;
+    // Each changed location with its access before, made up front: the rollback cannot fail
+    // for want of memory.
+    std::vector<CUmemAccessDesc> undo;
+    undo.reserve(who.size());
+    for (const access_descriptor& d : who) undo.push_back(access_descriptor{d.location, flags_in(before, d.location)}.native());
+    for (const access_descriptor& d : who) set_flags(access_, d);
+    auto done = maps_.begin();
+    try {
+      for (; done != maps_.end(); ++done) apply(done->first, done->second.size(), who);
+    } catch (...) {
+      for (auto it = maps_.begin(); it != done; ++it) {
+        (void)cu::cuMemSetAccess_nothrow(it->first, it->second.size(), undo.data(), undo.size());
       }
+      access_ = before;
+      throw;
     }
-    if (d.flags != access_flags::none) access_.push_back(d);
-    for (auto& [va, m] : maps_) set_access(va, m.size(), access_);
+    // Locations whose access is none need no descriptor on new mappings.
+    std::erase_if(access_, [](const access_descriptor& d) { return d.flags == access_flags::none; });
   }
-  const std::vector<access_descriptor>& access() const noexcept { return access_; }
 
   event record(const stream_key& k) {
     auto s = static_cast<CUstream>(k.native);
@@ -193,8 +228,31 @@ class vmm_backend {
     bool pushed_ = false;
   };
 
+  static access_flags flags_in(const std::vector<access_descriptor>& list, memory_location where) noexcept {
+    for (const access_descriptor& d : list) {
+      if (d.location == where) return d.flags;
+    }
+    return access_flags::none;
+  }
+  static void set_flags(std::vector<access_descriptor>& list, access_descriptor d) {
+    for (access_descriptor& a : list) {
+      if (a.location == d.location) {
+        a.flags = d.flags;
+        return;
+      }
+    }
+    list.push_back(d);
+  }
+  /// Sets `who`'s access over one mapped range; throws cuda_error naming the range and the locations.
+  static void apply(std::uint64_t va, std::uint64_t bytes, std::span<const access_descriptor> who) {
+    if (who.empty()) return;
+    ::streamalloc::set_access(va, bytes, who);
+  }
+
   memory_location where_;
   allocation_options options_;
+  // Behind a pointer: a mutex cannot move, and the backend moves into the core.
+  std::unique_ptr<std::mutex> access_mutex_ = std::make_unique<std::mutex>();
   std::vector<access_descriptor> access_;
   std::vector<address_reservation> va_;  // freed after maps_ (declared before it)
   std::map<std::uint64_t, mapping> maps_;
