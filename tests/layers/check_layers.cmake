@@ -5,12 +5,12 @@
 set(layer_names base driver vmm core streams pool front)
 # Paths relative to include/streamalloc; a path ending in / covers a folder.
 set(layer_0 detail/config.hpp version.hpp)
-set(layer_1 detail/driver/ error.hpp driver.hpp memory_location.hpp shareable_handle.hpp)
+set(layer_1 detail/driver/ error.hpp driver.hpp memory_location.hpp shareable_handle.hpp ipc_descriptor.hpp)
 set(layer_2 address_reservation.hpp physical_allocation.hpp mapping.hpp access.hpp vmm.hpp)
 set(layer_3 detail/core/ placement.hpp pool_statistics.hpp reuse_policy.hpp)
 set(layer_4 stream.hpp ordering.hpp user_object.hpp)
-set(layer_5 detail/pool/ pool_properties.hpp pool.hpp captured_graph.hpp graph_exec.hpp graph_allocation.hpp)
-set(layer_6 stream_buffer.hpp resource.hpp streamalloc.hpp)
+set(layer_5 detail/pool/ detail/ipc/ pool_properties.hpp pool.hpp captured_graph.hpp graph_exec.hpp graph_allocation.hpp)
+set(layer_6 stream_buffer.hpp resource.hpp ipc.hpp streamalloc.hpp)
 
 function(layer_of path out)
   foreach(i RANGE 0 6)
