@@ -85,37 +85,49 @@ run_ctest() {
 # no GPU: CI runs them (conan: Conan from PyPI; docs: doxygen), and vcpkg's wherever VCPKG_ROOT
 # names a vcpkg (docs/installing.md).
 step ctest run_ctest -LE "$exclude"
+# Every GPU test file is in one binary (tests/CMakeLists.txt); as CTest does, each file's cases
+# run in a process of their own: "$gpu_tests" --source-file="*/gpu/<name>_test.cu".
+gpu_tests=$build/tests/gpu_tests
+gpu_names=()
+for src in "$here"/tests/gpu/*_test.cu; do gpu_names+=("$(basename "$src" _test.cu)"); done
+
 # What the GPU tests printed (capabilities, driver answers): passing tests show no output above.
-for bin in "$build"/tests/gpu_*; do "$bin" >>"$out/ctest.log" 2>&1; done
+for name in "${gpu_names[@]}"; do
+  "$gpu_tests" --source-file="*/gpu/${name}_test.cu" >>"$out/ctest.log" 2>&1
+done
 
 if [ $quick -eq 0 ]; then
   sanitize() {
-    local rc=0
+    local rc=0 name  # name: not step's, which this runs inside
     export STREAMALLOC_STRESS_ITERATIONS=120
-    for bin in "$build"/tests/gpu_* "$build"/examples/streamalloc_* "$build"/examples/example_*; do
-      [ -x "$bin" ] || continue
+    # The tests provoke driver errors on purpose (bad descriptors, ranges past a reservation);
+    # memcheck is here for memory errors, so API errors are not reported.
+    local memcheck=(compute-sanitizer --tool memcheck --error-exitcode 99 --leak-check full --report-api-errors no)
+    local racecheck=(compute-sanitizer --tool racecheck --error-exitcode 99 --report-api-errors no)
+    for name in "${gpu_names[@]}"; do
       local args=()
-      if [ "$(basename "$bin")" = gpu_peer_access ]; then
+      if [ "$name" = peer_access ]; then
         [ "$gpus" -ge 2 ] || continue  # it would only say it skipped
         # Without the case whose child process faults on purpose (a write through read-only
         # access): the fault is the driver's answer, not a memory error of streamalloc's.
         args=(--test-case-exclude='*a write faults*')
       fi
-      echo "--- memcheck $(basename "$bin")"
-      # The tests provoke driver errors on purpose (bad descriptors, ranges past a
-      # reservation); memcheck is here for memory errors, so API errors are not reported.
-      compute-sanitizer --tool memcheck --error-exitcode 99 --leak-check full \
-        --report-api-errors no "$bin" ${args[@]+"${args[@]}"} || rc=1
+      echo "--- memcheck gpu_$name"
+      "${memcheck[@]}" "$gpu_tests" --source-file="*/gpu/${name}_test.cu" ${args[@]+"${args[@]}"} || rc=1
     done
-    for bin in "$build"/tests/gpu_pool "$build"/tests/gpu_vmm; do
-      echo "--- racecheck $(basename "$bin")"
-      compute-sanitizer --tool racecheck --error-exitcode 99 --report-api-errors no "$bin" || rc=1
+    for bin in "$build"/examples/streamalloc_* "$build"/examples/example_*; do
+      [ -x "$bin" ] || continue
+      echo "--- memcheck $(basename "$bin")"
+      "${memcheck[@]}" "$bin" || rc=1
+    done
+    for name in pool vmm; do
+      echo "--- racecheck gpu_$name"
+      "${racecheck[@]}" "$gpu_tests" --source-file="*/gpu/${name}_test.cu" || rc=1
     done
     # Without its timing case: 256-kernel graphs launched thousands of times take racecheck
     # longer than any run may (the rest takes seconds).
     echo "--- racecheck gpu_graph_exec"
-    compute-sanitizer --tool racecheck --error-exitcode 99 --report-api-errors no "$build"/tests/gpu_graph_exec \
-      --test-case-exclude='*as fast as*' || rc=1
+    "${racecheck[@]}" "$gpu_tests" --source-file='*/gpu/graph_exec_test.cu' --test-case-exclude='*as fast as*' || rc=1
     return $rc
   }
   step sanitizers sanitize

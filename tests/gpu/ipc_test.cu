@@ -31,7 +31,6 @@ using namespace streamalloc_test;
 
 namespace {
 
-constexpr std::size_t MiB = std::size_t{1} << 20;
 constexpr std::size_t small_bytes = 4 * MiB;
 constexpr std::size_t big_bytes = 200 * MiB;  // larger than a chunk: a chunk of its own
 constexpr long long spin_cycles = 400'000'000;  // about 200 ms: the reader must really wait

@@ -33,7 +33,6 @@ using namespace streamalloc;
 using namespace streamalloc_test;
 
 namespace {
-constexpr std::size_t MiB = std::size_t{1} << 20;
 
 /// Exits 77 (CTest: skipped) unless GPU 1 can access GPU 0's memory and GPU 0 GPU 1's.
 void require_two_peer_gpus() {

@@ -27,9 +27,6 @@ using namespace streamalloc;
 using namespace streamalloc_test;
 
 namespace {
-constexpr std::size_t MiB = std::size_t{1} << 20;
-constexpr long long busy_cycles = 200'000'000;  // ~0.1 s on a 2 GHz part: long enough to notice
-
 pool_properties exact_chunks() {
   // Blocks that fill whole 2 MiB chunks: no other free memory the pool could prefer.
   pool_properties p;

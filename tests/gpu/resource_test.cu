@@ -32,8 +32,6 @@ using namespace streamalloc;
 using namespace streamalloc_test;
 
 namespace {
-constexpr std::size_t MiB = std::size_t{1} << 20;
-
 pool_properties host_pool_props(std::size_t max = 0) {
   return {.location = memory_location::host_numa(0), .max_size = max};
 }

@@ -24,9 +24,6 @@ using namespace streamalloc_test;
 static_assert(STREAMALLOC_CHECK_ORDERING == 1, "the GPU tests exercise the run-time ordering checks");
 
 namespace {
-constexpr std::size_t MiB = std::size_t{1} << 20;
-constexpr long long busy_cycles = 200'000'000;
-
 std::uint32_t* words(stream_buffer<std::uint32_t>& b) { return b.data(); }
 
 bool holds_pattern(const std::vector<std::uint32_t>& v, std::uint32_t seed, std::size_t n) {

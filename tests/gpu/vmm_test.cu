@@ -28,7 +28,6 @@ using namespace streamalloc;
 using namespace streamalloc_test;
 
 namespace {
-constexpr std::size_t MiB = std::size_t{1} << 20;
 const auto gpu0 = memory_location::device(0);
 
 std::size_t granularity() { return allocation_granularity(gpu0); }

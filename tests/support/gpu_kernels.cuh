@@ -65,6 +65,9 @@ inline unsigned long long mismatches(const void* p, std::size_t bytes, std::uint
 
 namespace streamalloc_test {
 
+/// What slow_fill_kernel spins for to hold a stream: about 0.1 s on a 2 GHz part, long enough to notice.
+inline constexpr long long busy_cycles = 200'000'000;
+
 /// Spins for about `cycles` clock cycles, then fills: keeps a stream busy so a test can tell
 /// reuse that waited for it from reuse that did not.
 __global__ inline void slow_fill_kernel(std::uint32_t* p, std::size_t n, std::uint32_t seed, long long cycles) {

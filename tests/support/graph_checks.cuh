@@ -14,8 +14,6 @@
 
 namespace streamalloc_test {
 
-inline constexpr std::size_t MiB = std::size_t{1} << 20;
-
 /// Polls `done` for up to 10 s: the driver runs user-object destructors asynchronously.
 template <class F>
 inline bool eventually(F done) {
@@ -25,11 +23,6 @@ inline bool eventually(F done) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   return true;
-}
-
-inline bool overlaps(const void* a, std::size_t an, const void* b, std::size_t bn) {
-  const auto x = reinterpret_cast<std::uintptr_t>(a), y = reinterpret_cast<std::uintptr_t>(b);
-  return x < y + bn && y < x + an;
 }
 
 /// A device counter of mismatched words that captured check kernels add to.

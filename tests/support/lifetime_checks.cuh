@@ -39,7 +39,6 @@ static_assert(STREAMALLOC_CHECK_ORDERING == 1, "the GPU tests exercise the run-t
 
 namespace streamalloc_test {
 
-inline constexpr std::size_t MiB = std::size_t{1} << 20;
 // How long a "long" kernel holds its stream: long enough that everything the host does in the
 // window (frees, destroying streams and pools, other threads' allocations) happens while it
 // runs, even on a slow host; short enough that the whole suite takes seconds.
@@ -120,11 +119,6 @@ inline long_use start_long_use(void* p, std::size_t bytes, std::uint32_t seed, c
   CHILD_LAUNCHED("slow_check_fill_kernel");
   CHILD_CUDA(cudaEventRecord(u.done.get(), s));
   return u;
-}
-
-inline bool overlaps(const void* a, std::size_t an, const void* b, std::size_t bn) {
-  const auto x = reinterpret_cast<std::uintptr_t>(a), y = reinterpret_cast<std::uintptr_t>(b);
-  return x < y + bn && y < x + an;
 }
 
 // --- the checks ----------------------------------------------------------------------------------
