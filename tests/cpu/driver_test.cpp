@@ -14,11 +14,8 @@
 #include <vector>
 
 using namespace streamalloc;
+using streamalloc_test::contains;
 using streamalloc_test::fake_lookups;
-
-namespace {
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
-}  // namespace
 
 TEST_SUITE("missing") {
   TEST_CASE("without a driver library nothing is available, and every use says why") {

@@ -18,11 +18,10 @@
 
 using namespace streamalloc;
 namespace cu = streamalloc::detail::cu;
+using streamalloc_test::MiB;
 using streamalloc_test::reaper_idle;
 
 namespace {
-constexpr std::size_t MiB = std::size_t{1} << 20;
-
 bool overlaps(const void* a, std::size_t an, const void* b, std::size_t bn) {
   const auto x = reinterpret_cast<std::uintptr_t>(a), y = reinterpret_cast<std::uintptr_t>(b);
   return x < y + bn && y < x + an;

@@ -21,12 +21,10 @@ using streamalloc_test::fake_graphs;
 using streamalloc_test::fake_quiesce;
 using streamalloc_test::reaper_idle;
 using streamalloc_test::fake_user_object_refs;
+using streamalloc_test::handle;
+using streamalloc_test::MiB;
 
 namespace {
-constexpr std::size_t MiB = std::size_t{1} << 20;
-
-CUstream handle(const stream& s) { return reinterpret_cast<CUstream>(s.get()); }
-
 /// Captures on `s` one allocation of `bytes` from `p`, freed in the graph when `free_inside`.
 captured_graph capture_one(pool& p, stream& s, std::size_t bytes, bool free_inside, void** out = nullptr) {
   cu::cuStreamBeginCapture(handle(s), CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);

@@ -28,10 +28,11 @@ using streamalloc_test::fake_legacy_stream_calls;
 using streamalloc_test::fake_live;
 using streamalloc_test::fake_mappings_with_access;
 using streamalloc_test::fake_set_access_calls;
+using streamalloc_test::message_of;
+using streamalloc_test::MiB;
 using streamalloc_test::reaper_idle;
 
 namespace {
-constexpr std::size_t MiB = std::size_t{1} << 20;
 constexpr unsigned long long none_flags = CU_MEM_ACCESS_FLAGS_PROT_NONE;
 constexpr unsigned long long read_flags = CU_MEM_ACCESS_FLAGS_PROT_READ;
 constexpr unsigned long long rw_flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
@@ -62,15 +63,6 @@ CUstream raw_stream(int device) {
   return s;
 }
 
-template <class F>
-std::string message_of(F f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return {};
-}
 }  // namespace
 
 TEST_SUITE("pool_access") {

@@ -20,14 +20,9 @@ using namespace streamalloc;
 namespace cu = streamalloc::detail::cu;
 using streamalloc_test::fake_graphs;
 using streamalloc_test::fake_quiesce;
+using streamalloc_test::handle;
+using streamalloc_test::MiB;
 using streamalloc_test::reaper_idle;
-
-namespace {
-constexpr std::size_t MiB = std::size_t{1} << 20;
-
-CUstream handle(const stream& s) { return reinterpret_cast<CUstream>(s.get()); }
-
-}  // namespace
 
 TEST_SUITE("pool_capture") {
 

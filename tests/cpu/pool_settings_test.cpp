@@ -31,9 +31,9 @@
 
 using namespace streamalloc;
 using streamalloc_test::fake_live;
+using streamalloc_test::MiB;
 
 namespace {
-constexpr std::size_t MiB = std::size_t{1} << 20;
 constexpr int workers = 4;
 constexpr int iterations = 3000;
 constexpr std::uint64_t seed = 20240611;

@@ -30,11 +30,12 @@
 
 using namespace streamalloc;
 using streamalloc_test::bad_free_recorder;
+using streamalloc_test::contains;
 using streamalloc_test::fake_live;
+using streamalloc_test::message_of;
+using streamalloc_test::MiB;
 
 namespace {
-constexpr std::size_t MiB = std::size_t{1} << 20;
-
 // Sets one of the fake driver's knobs for a scope: it reads them on every call.
 class fake_knob {
  public:
@@ -46,19 +47,6 @@ class fake_knob {
  private:
   const char* name_;
 };
-
-// The message of what `f` throws; empty if it throws nothing.
-template <class F>
-std::string message_of(F f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return {};
-}
-
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 doctest::Contains closed_in(const char* member) {
   return doctest::Contains((std::string("streamalloc::pool::") + member + ": the pool is closed").c_str());

@@ -13,12 +13,12 @@
 #include <utility>
 
 using namespace streamalloc;
+using streamalloc_test::contains;
 using streamalloc_test::fake_live;
+using streamalloc_test::MiB;
 
 namespace {
-constexpr std::size_t MiB = std::size_t{1} << 20;
 const auto gpu0 = memory_location::device(0);
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 void require_nothing_live() {
   const auto live = fake_live();

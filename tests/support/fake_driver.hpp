@@ -5,6 +5,7 @@
 
 #include <streamalloc/detail/driver/driver_loader.hpp>
 #include <streamalloc/detail/pool/graph_reaper.hpp>
+#include <streamalloc/stream.hpp>
 
 #include <doctest/doctest.h>
 
@@ -13,9 +14,32 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdlib>
+#include <exception>
+#include <string>
 #include <thread>
 
 namespace streamalloc_test {
+
+// The tests against the fake driver are compiled as one translation unit (tests/CMakeLists.txt):
+// what several of them use is defined here once, and a name at file scope, unnamed namespace or
+// not, must not be used by two of them.
+inline constexpr std::size_t MiB = std::size_t{1} << 20;
+
+inline bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+/// The message of what `f` throws; empty if it throws nothing.
+template <class F>
+std::string message_of(F f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return {};
+}
+
+/// The driver's handle of `s`, for calling the driver (or the fake's hooks) directly.
+inline CUstream handle(const streamalloc::stream& s) { return reinterpret_cast<CUstream>(s.get()); }
 
 struct fake_counts {
   int reservations;

@@ -15,10 +15,9 @@
 #include <type_traits>
 
 using namespace streamalloc;
+using streamalloc_test::contains;
 
 namespace {
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
-
 CUcontext current_context() {
   CUcontext c = nullptr;
   detail::cu::cuCtxGetCurrent(&c);
