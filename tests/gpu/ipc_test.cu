@@ -8,6 +8,7 @@
 
 #include <doctest/doctest.h>
 
+#include "child_process.hpp"
 #include "gpu_kernels.cuh"
 #include "gpu_support.hpp"
 
@@ -51,58 +52,6 @@ pool_properties shareable() {
 std::string unique_name(const char* what) {
   return "@streamalloc-test-" + std::to_string(::getpid()) + "-" + what;
 }
-
-/// A child process of this binary, talking over its stdin and stdout.
-struct child {
-  pid_t pid = -1;
-  int to = -1, from = -1;
-
-  child(const char* name, std::vector<std::string> args) {
-    ::signal(SIGPIPE, SIG_IGN);  // a child that failed early closes its stdin: an error, not a signal
-    int in[2], out[2];
-    REQUIRE(::pipe2(in, O_CLOEXEC) == 0);
-    REQUIRE(::pipe2(out, O_CLOEXEC) == 0);
-    posix_spawn_file_actions_t actions;
-    ::posix_spawn_file_actions_init(&actions);
-    ::posix_spawn_file_actions_adddup2(&actions, in[0], STDIN_FILENO);
-    ::posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);
-    std::vector<std::string> all{self_path, "--child", name};
-    all.insert(all.end(), args.begin(), args.end());
-    std::vector<char*> argv;
-    for (auto& a : all) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    const int r = ::posix_spawn(&pid, self_path, &actions, nullptr, argv.data(), environ);
-    ::posix_spawn_file_actions_destroy(&actions);
-    ::close(in[0]);
-    ::close(out[1]);
-    to = in[1];
-    from = out[0];
-    REQUIRE_MESSAGE(r == 0, "posix_spawn: " << std::strerror(r));
-  }
-  ~child() {
-    if (pid > 0) {
-      ::kill(pid, SIGKILL);
-      (void)wait();
-    }
-    ::close(to);
-    ::close(from);
-  }
-  /// The next line the child prints ("" when it has exited).
-  std::string line() {
-    std::string s;
-    char c;
-    while (::read(from, &c, 1) == 1 && c != '\n') s += c;
-    return s;
-  }
-  void say(const char* word) { REQUIRE(::write(to, word, std::strlen(word)) > 0); }
-  /// Exit status (or 128 + signal).
-  int wait() {
-    int status = 0;
-    ::waitpid(pid, &status, 0);
-    pid = -1;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  }
-};
 
 void write_board(const std::string& path, const blackboard& b) {
   FILE* f = std::fopen(path.c_str(), "wb");
@@ -288,8 +237,8 @@ struct exporter_fixture {
 
 TEST_CASE("an exporter and two importers: data both ways, ordered by interprocess events") {
   exporter_fixture f;
-  child a("ipc_importer", {f.socket, f.board_path, "0"});
-  child b("ipc_importer", {f.socket, f.board_path, "1"});
+  piped_child a("ipc_importer", {f.socket, f.board_path, "0"});
+  piped_child b("ipc_importer", {f.socket, f.board_path, "1"});
   CHECK(a.line() == "recorded");
   CHECK(b.line() == "recorded");
   // Their slow fills of y are still running: only the events order this read after them.
@@ -312,7 +261,7 @@ TEST_CASE("an exporter and two importers: data both ways, ordered by interproces
 
 TEST_CASE("an importer killed while it holds memory: the exporter keeps working and gets it back") {
   exporter_fixture f;
-  child h("ipc_holder", {f.socket, f.board_path});
+  piped_child h("ipc_holder", {f.socket, f.board_path});
   REQUIRE(h.line() == "imported");
   CHECK(importers_of(f.p) == 1);
   // Freed here while imported: neither reused nor released.
@@ -345,7 +294,7 @@ TEST_CASE("an importer killed while it holds memory: the exporter keeps working 
 
 TEST_CASE("bad descriptors are refused with reasons; the exporter is unaffected; a closed pool is gone") {
   exporter_fixture f;
-  child h("ipc_hostile", {f.socket, f.board_path});
+  piped_child h("ipc_hostile", {f.socket, f.board_path});
   CHECK(h.line() == "ok");
   const auto stats = f.p.statistics();
   CHECK(stats.live_allocations == 3);

@@ -232,4 +232,59 @@ inline void expect_child_passes(const char* name_cstr) {
                                                     << "its output is printed above");
 }
 
+// --- processes that work together --------------------------------------------------------------
+
+/// A child process of this binary (`<binary> --child name args...`) that talks over its stdin and
+/// stdout, for tests whose processes work together (IPC, one NCCL rank per process).
+struct piped_child {
+  pid_t pid = -1;
+  int to = -1, from = -1;
+
+  piped_child(const char* name, std::vector<std::string> args) {
+    ::signal(SIGPIPE, SIG_IGN);  // a child that failed early closes its stdin: an error, not a signal
+    int in[2], out[2];
+    REQUIRE(::pipe2(in, O_CLOEXEC) == 0);
+    REQUIRE(::pipe2(out, O_CLOEXEC) == 0);
+    posix_spawn_file_actions_t actions;
+    ::posix_spawn_file_actions_init(&actions);
+    ::posix_spawn_file_actions_adddup2(&actions, in[0], STDIN_FILENO);
+    ::posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);
+    std::vector<std::string> all{self_path, "--child", name};
+    all.insert(all.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (auto& a : all) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    const int r = ::posix_spawn(&pid, self_path, &actions, nullptr, argv.data(), environ);
+    ::posix_spawn_file_actions_destroy(&actions);
+    ::close(in[0]);
+    ::close(out[1]);
+    to = in[1];
+    from = out[0];
+    REQUIRE_MESSAGE(r == 0, "posix_spawn: " << std::strerror(r));
+  }
+  ~piped_child() {
+    if (pid > 0) {
+      ::kill(pid, SIGKILL);
+      (void)wait();
+    }
+    ::close(to);
+    ::close(from);
+  }
+  /// The next line the child prints ("" when it has exited).
+  std::string line() {
+    std::string s;
+    char c;
+    while (::read(from, &c, 1) == 1 && c != '\n') s += c;
+    return s;
+  }
+  void say(const char* word) { REQUIRE(::write(to, word, std::strlen(word)) > 0); }
+  /// Exit status (or 128 + signal).
+  int wait() {
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    pid = -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+};
+
 }  // namespace streamalloc_test

@@ -31,7 +31,8 @@ inline bool overlaps(const void* a, std::size_t an, const void* b, std::size_t b
 #define SA_CUDA_REQUIRE(call)                                                                      \
   do {                                                                                             \
     cudaError_t sa_err_ = (call);                                                                  \
-    INFO(#call << " -> " << cudaGetErrorName(sa_err_) << ": " << cudaGetErrorString(sa_err_));     \
+    INFO(#call << " -> " << std::string(cudaGetErrorName(sa_err_)) << ": "                      \
+             << std::string(cudaGetErrorString(sa_err_)));                                          \
     REQUIRE(sa_err_ == cudaSuccess);                                                               \
   } while (0)
 
