@@ -144,7 +144,8 @@ if [ $quick -eq 0 ]; then
     echo && echo "the scale bench's ring and live blocks on the CPU, pool core on a simulated device (bench_scale_sim):" && \
     "$build/bench/bench_scale_sim" && \
     "$build/bench/bench_graphs" --json "$out/graphs.json" && \
-    "$build/bench/bench_ipc" --json "$out/ipc.json"
+    "$build/bench/bench_ipc" --json "$out/ipc.json" && \
+    "$build/bench/bench_multigpu" --json "$out/multigpu.json"
   }
   step bench benches
 fi
