@@ -384,6 +384,7 @@ class basic_stream_buffer {
    * `s`'s order. `proof` shows `s` runs after the buffer's last use on its current stream.
    * @throws ordering_error (checks on) when the proof is for other streams or too old
    * @throws std::invalid_argument when `s` belongs to a device that cannot use the memory
+   *         (neither the pool's device nor one granted access by pool::set_access)
    */
   template <class P>
   void set_stream(stream_ref s, const P& proof) {
@@ -392,11 +393,7 @@ class basic_stream_buffer {
                   "an event proves nothing (use the stream_order returned by s.wait(event) or order_after(s, "
                   "current), or the host_order of a synchronization)");
     if (s == stream_) return;
-    if (s.device() != pool_->device()) [[unlikely]] {
-      throw std::invalid_argument("streamalloc::stream_buffer::set_stream: the stream belongs to device " +
-                                  std::to_string(s.device()) + ", but the buffer's memory is for device " +
-                                  std::to_string(pool_->device()));
-    }
+    if (!pool_->serves(s.device())) [[unlikely]] throw_not_served("set_stream", s.device());
     detail::check_proof(proof, stream_.record(), last_use_, &s.record(), "stream_buffer::set_stream");
     stream_ = s.resolved();
     touch();
@@ -414,8 +411,8 @@ class basic_stream_buffer {
    * @brief Frees the memory now in the order of `s`, where `proof` shows `s` runs after the
    * buffer's last use on its stream. The buffer is empty afterwards.
    * @throws ordering_error (checks on) when the proof does not cover it
-   * @throws std::invalid_argument when `s` belongs to another device than the memory's (the
-   *         pool frees only on streams of its device)
+   * @throws std::invalid_argument when `s` belongs to a device that cannot use the memory
+   *         (neither the pool's device nor one granted access by pool::set_access)
    */
   template <class P>
   void free_on(stream_ref s, const P& proof) && {
@@ -423,11 +420,7 @@ class basic_stream_buffer {
                   "streamalloc::stream_buffer::free_on: the second argument must prove the ordering (a "
                   "stream_order or a host_order)");
     if (!(s == stream_)) {
-      if (s.device() != pool_->device()) [[unlikely]] {
-        throw std::invalid_argument("streamalloc::stream_buffer::free_on: the stream belongs to device " +
-                                    std::to_string(s.device()) + ", but the buffer's memory is for device " +
-                                    std::to_string(pool_->device()));
-      }
+      if (!pool_->serves(s.device())) [[unlikely]] throw_not_served("free_on", s.device());
       detail::check_proof(proof, stream_.record(), last_use_, &s.record(), "stream_buffer::free_on");
       stream_ = s.resolved();
     }
@@ -527,6 +520,17 @@ class basic_stream_buffer {
     // right after the read, while the handle was in hand.
     std::unique_ptr<event> after;
   };
+
+  /// A stream of a device the buffer's pool does not serve: says which, and how to grant it.
+  [[noreturn]] STREAMALLOC_COLD void throw_not_served(const char* member, int stream_device) const {
+    const std::string d = std::to_string(stream_device);
+    throw std::invalid_argument(std::string("streamalloc::stream_buffer::") + member + ": the stream belongs to device " +
+                                d + ", which cannot use the buffer's memory (its pool serves device " +
+                                std::to_string(pool_->device()) + " and the devices granted access); grant device " +
+                                d + " access first (pool.set_access(streamalloc::memory_location::device(" + d +
+                                "), streamalloc::access_flags::read_write)), or use a stream of device " +
+                                std::to_string(pool_->device()));
+  }
 
   static size_type bytes_for(size_type count) {
     if (count > (std::size_t{1} << 62) / sizeof(T)) {

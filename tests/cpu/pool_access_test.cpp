@@ -9,6 +9,7 @@
 #include <streamalloc/detail/driver/driver_api.hpp>
 #include <streamalloc/pool.hpp>
 #include <streamalloc/stream.hpp>
+#include <streamalloc/stream_buffer.hpp>
 
 #include <doctest/doctest.h>
 
@@ -268,6 +269,32 @@ TEST_CASE("streams of a device with access allocate and free; those of a device 
   // pool::synchronize now covers device 1's work too (its frees are this pool's).
   const host_order h = p0.synchronize();
   CHECK(h.device() == 0);
+}
+
+TEST_CASE("a stream_buffer moves to and is freed on streams of a device with access; others are refused") {
+  pool p0(small_chunks());
+  stream s0(0), s1(1), s2(2);
+  stream_buffer<float> x(1024, s0, p0);
+  // Before the grant, device 1's stream cannot take the buffer: refused, the buffer unchanged.
+  CHECK_THROWS_WITH_AS(x.set_stream(s1, order_after(s1, s0)),
+                       doctest::Contains("stream_buffer::set_stream: the stream belongs to device 1, which cannot use "
+                                         "the buffer's memory"),
+                       std::invalid_argument);
+  CHECK(x.stream() == stream_ref(s0));
+  p0.set_access(memory_location::device(1), access_flags::read_write);
+  x.set_stream(s1, order_after(s1, s0));
+  CHECK(x.stream() == stream_ref(s1));
+  // Device 2 has none: neither set_stream nor free_on takes its stream.
+  CHECK_THROWS_WITH_AS(x.set_stream(s2, order_after(s2, s1)), doctest::Contains("grant device 2 access first"),
+                       std::invalid_argument);
+  stream_buffer<float> y(1024, s1, p0);  // allocated by device 1's stream
+  CHECK(p0.statistics().live_allocations == 2);
+  CHECK_THROWS_WITH_AS(std::move(y).free_on(s2, order_after(s2, s1)),
+                       doctest::Contains("stream_buffer::free_on: the stream belongs to device 2"), std::invalid_argument);
+  std::move(y).free_on(s0, order_after(s0, s1));  // freed by device 0's stream
+  std::move(x).free_on(s0, order_after(s0, s1));
+  CHECK(p0.statistics().live_allocations == 0);
+  (void)p0.synchronize();
 }
 
 TEST_CASE("host pools grant several devices; the host and the pool's own device keep read-write") {
