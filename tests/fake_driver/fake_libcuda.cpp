@@ -119,7 +119,11 @@ struct state {
   std::map<CUdeviceptr, mapped> mappings;
   std::map<int, std::uint64_t> exported_fds;
   std::map<std::string, int> lookups;
-  CUdeviceptr next_address = 0x7f0000000000ULL;
+  // Above the 47 bits of x86-64 user space: no host pointer (a stack variable, a heap block) can
+  // fall in a fake reservation, so tests may hand host addresses as "not pool memory". Starting
+  // at 0x7f00'0000'0000, as the real driver does, put the fake ranges among thread stacks and
+  // mmap'd libraries, and a test's stack variable once landed inside one.
+  CUdeviceptr next_address = 0x9000'0000'0000ULL;
   CUmemGenericAllocationHandle next_handle = 0x1000;
   std::uint64_t next_physical = 1;
   std::size_t used[8] = {};
