@@ -11,7 +11,12 @@
 #   4. runs the benches,
 # then prints a summary table. Logs and bench JSON go to $OUT (or ./gpu-check-out).
 #
-#   scripts/gpu-check.sh [--quick]     --quick: skip sanitizer and benches
+#   scripts/gpu-check.sh [--quick | --steps LIST]
+#     --quick        build and tests only (no sanitizers, no benches)
+#     --steps LIST   the build, then only the steps named (comma-separated: ctest, sanitizers,
+#                    bench); for machines that limit how long one command may run: the whole
+#                    script takes about 12 minutes on an H100, so it runs as two calls there,
+#                    --steps ctest,sanitizers and then --steps bench on the same build tree.
 set -uo pipefail
 
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -19,8 +24,14 @@ cd "$here"
 out=${OUT:-$here/gpu-check-out}
 mkdir -p "$out"
 build=${BUILD_DIR:-$here/build-gpu}
-quick=0
-[ "${1:-}" = "--quick" ] && quick=1
+steps=ctest,sanitizers,bench
+case "${1:-}" in
+  --quick) steps=ctest ;;
+  --steps) steps=${2:?"--steps needs a list: ctest,sanitizers,bench"} ;;
+  "") ;;
+  *) echo "usage: $0 [--quick | --steps ctest,sanitizers,bench]" >&2; exit 2 ;;
+esac
+wants() { [[ ",$steps," == *",$1,"* ]]; }
 
 declare -a summary=()
 failed=0
@@ -30,6 +41,7 @@ step() {  # step <name> <command...>: runs, logs to $out/<name>.log, records the
   echo "=== $name: $*"
   if "$@" >"$out/$name.log" 2>&1; then
     summary+=("$(printf '%-28s %-6s %4ss' "$name" ok $((SECONDS - start)))")
+    echo "--- $name ok, $((SECONDS - start)) s"  # as it happens: a run cut off still shows how far it got
   else
     summary+=("$(printf '%-28s %-6s %4ss  (see %s.log)' "$name" FAILED $((SECONDS - start)) "$name")")
     failed=1
@@ -84,7 +96,7 @@ run_ctest() {
 # Every test but the packaging and documentation ones, which need tools a GPU machine lacks and
 # no GPU: CI runs them (conan: Conan from PyPI; docs: doxygen), and vcpkg's wherever VCPKG_ROOT
 # names a vcpkg (docs/installing.md).
-step ctest run_ctest -LE "$exclude"
+wants ctest && step ctest run_ctest -LE "$exclude"
 # Every GPU test file is in one binary (tests/CMakeLists.txt); as CTest does, each file's cases
 # run in a process of their own: "$gpu_tests" --source-file="*/gpu/<name>_test.cu".
 gpu_tests=$build/tests/gpu_tests
@@ -92,69 +104,69 @@ gpu_names=()
 for src in "$here"/tests/gpu/*_test.cu; do gpu_names+=("$(basename "$src" _test.cu)"); done
 
 # What the GPU tests printed (capabilities, driver answers): passing tests show no output above.
-for name in "${gpu_names[@]}"; do
-  "$gpu_tests" --source-file="*/gpu/${name}_test.cu" >>"$out/ctest.log" 2>&1
-done
-
-if [ $quick -eq 0 ]; then
-  sanitize() {
-    local rc=0 name  # name: not step's, which this runs inside
-    export STREAMALLOC_STRESS_ITERATIONS=120
-    # The tests provoke driver errors on purpose (bad descriptors, ranges past a reservation);
-    # memcheck is here for memory errors, so API errors are not reported.
-    local memcheck=(compute-sanitizer --tool memcheck --error-exitcode 99 --leak-check full --report-api-errors no)
-    local racecheck=(compute-sanitizer --tool racecheck --error-exitcode 99 --report-api-errors no)
-    for name in "${gpu_names[@]}"; do
-      local args=()
-      if [ "$name" = peer_access ]; then
-        [ "$gpus" -ge 2 ] || continue  # it would only say it skipped
-        # Without the case whose child process faults on purpose (a write through read-only
-        # access): the fault is the driver's answer, not a memory error of streamalloc's.
-        args=(--test-case-exclude='*a write faults*')
-      fi
-      echo "--- memcheck gpu_$name"
-      "${memcheck[@]}" "$gpu_tests" --source-file="*/gpu/${name}_test.cu" ${args[@]+"${args[@]}"} || rc=1
-    done
-    for bin in "$build"/examples/streamalloc_* "$build"/examples/example_*; do
-      [ -x "$bin" ] || continue
-      echo "--- memcheck $(basename "$bin")"
-      "${memcheck[@]}" "$bin" || rc=1
-    done
-    for name in pool vmm; do
-      echo "--- racecheck gpu_$name"
-      "${racecheck[@]}" "$gpu_tests" --source-file="*/gpu/${name}_test.cu" || rc=1
-    done
-    # Without its timing case: 256-kernel graphs launched thousands of times take racecheck
-    # longer than any run may (the rest takes seconds).
-    echo "--- racecheck gpu_graph_exec"
-    "${racecheck[@]}" "$gpu_tests" --source-file='*/gpu/graph_exec_test.cu' --test-case-exclude='*as fast as*' || rc=1
-    return $rc
-  }
-  step sanitizers sanitize
-  benches() {
-    "$build/bench/bench_pool" --json "$out/pool.json" && \
-    echo && echo "the same threads, one process each (scripts/scaling-processes.sh):" && \
-    "$here/scripts/scaling-processes.sh" "$build/bench/bench_pool" 1 && \
-    echo && echo "the same threads on the CPU, pool core on a simulated device (bench_threads_sim):" && \
-    "$build/bench/bench_threads_sim" && \
-    "$build/bench/bench_stream_buffer" --json "$out/stream_buffer.json" && \
-    "$build/bench/bench_bandwidth" --json "$out/bandwidth.json" && \
-    "$build/bench/bench_vmm_costs" && \
-    "$build/bench/bench_scale" --json "$out/scale.json" && \
-    echo && echo "the scale bench's ring and live blocks on the CPU, pool core on a simulated device (bench_scale_sim):" && \
-    "$build/bench/bench_scale_sim" && \
-    "$build/bench/bench_graphs" --json "$out/graphs.json" && \
-    "$build/bench/bench_ipc" --json "$out/ipc.json" && \
-    "$build/bench/bench_multigpu" --json "$out/multigpu.json"
-  }
-  step bench benches
+if wants ctest; then
+  for name in "${gpu_names[@]}"; do
+    "$gpu_tests" --source-file="*/gpu/${name}_test.cu" >>"$out/ctest.log" 2>&1
+  done
 fi
+
+sanitize() {
+  local rc=0 name  # name: not step's, which this runs inside
+  export STREAMALLOC_STRESS_ITERATIONS=120
+  # The tests provoke driver errors on purpose (bad descriptors, ranges past a reservation);
+  # memcheck is here for memory errors, so API errors are not reported.
+  local memcheck=(compute-sanitizer --tool memcheck --error-exitcode 99 --leak-check full --report-api-errors no)
+  local racecheck=(compute-sanitizer --tool racecheck --error-exitcode 99 --report-api-errors no)
+  for name in "${gpu_names[@]}"; do
+    local args=()
+    if [ "$name" = peer_access ]; then
+      [ "$gpus" -ge 2 ] || continue  # it would only say it skipped
+      # Without the case whose child process faults on purpose (a write through read-only
+      # access): the fault is the driver's answer, not a memory error of streamalloc's.
+      args=(--test-case-exclude='*a write faults*')
+    fi
+    echo "--- memcheck gpu_$name"
+    "${memcheck[@]}" "$gpu_tests" --source-file="*/gpu/${name}_test.cu" ${args[@]+"${args[@]}"} || rc=1
+  done
+  for bin in "$build"/examples/streamalloc_* "$build"/examples/example_*; do
+    [ -x "$bin" ] || continue
+    echo "--- memcheck $(basename "$bin")"
+    "${memcheck[@]}" "$bin" || rc=1
+  done
+  for name in pool vmm; do
+    echo "--- racecheck gpu_$name"
+    "${racecheck[@]}" "$gpu_tests" --source-file="*/gpu/${name}_test.cu" || rc=1
+  done
+  # Without its timing case: 256-kernel graphs launched thousands of times take racecheck
+  # longer than any run may (the rest takes seconds).
+  echo "--- racecheck gpu_graph_exec"
+  "${racecheck[@]}" "$gpu_tests" --source-file='*/gpu/graph_exec_test.cu' --test-case-exclude='*as fast as*' || rc=1
+  return $rc
+}
+wants sanitizers && step sanitizers sanitize
+benches() {
+  "$build/bench/bench_pool" --json "$out/pool.json" && \
+  echo && echo "the same threads, one process each (scripts/scaling-processes.sh):" && \
+  "$here/scripts/scaling-processes.sh" "$build/bench/bench_pool" 1 && \
+  echo && echo "the same threads on the CPU, pool core on a simulated device (bench_threads_sim):" && \
+  "$build/bench/bench_threads_sim" && \
+  "$build/bench/bench_stream_buffer" --json "$out/stream_buffer.json" && \
+  "$build/bench/bench_bandwidth" --json "$out/bandwidth.json" && \
+  "$build/bench/bench_vmm_costs" && \
+  "$build/bench/bench_scale" --json "$out/scale.json" && \
+  echo && echo "the scale bench's ring and live blocks on the CPU, pool core on a simulated device (bench_scale_sim):" && \
+  "$build/bench/bench_scale_sim" && \
+  "$build/bench/bench_graphs" --json "$out/graphs.json" && \
+  "$build/bench/bench_ipc" --json "$out/ipc.json" && \
+  "$build/bench/bench_multigpu" --json "$out/multigpu.json"
+}
+wants bench && step bench benches
 
 echo
 echo "== gpu-check summary ($(cat "$out/gpu.txt"))"
 printf '%s\n' "${summary[@]}"
 echo "$multigpu_note"
-grep -E "tests passed" "$out/ctest.log" | head -n 1 || true
+[ -f "$out/ctest.log" ] && { grep -E "tests passed" "$out/ctest.log" | head -n 1 || true; }
 if [ -f "$out/sanitizers.log" ]; then  # the verdict of each tool run
   echo; grep -E "^--- |ERROR SUMMARY|LEAK SUMMARY|RACECHECK SUMMARY" "$out/sanitizers.log" || true
 fi
