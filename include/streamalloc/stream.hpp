@@ -50,17 +50,56 @@ inline bool is_legacy_handle(CUstream s) noexcept {
   return s == CU_STREAM_LEGACY;
 }
 
-/// The ordering record of a raw stream handle, made on first use (one driver call per use).
-/// For the per-thread default stream's handle it is the calling thread's stream's record.
-inline stream_record& resolve_stream(CUstream s) {
+/// The id of the stream a raw handle names now (one driver call; a handle value is no identity:
+/// CUDA gives a destroyed stream's handle to the next stream made).
+inline std::uint64_t stream_id_of(CUstream s) {
   // cuStreamGetId is one of the calls a global-mode capture forbids, even of the captured
   // stream itself, and a refusal would invalidate the capture.
   const relaxed_capture_mode relaxed;
   unsigned long long id = 0;
-  if (cu::cuStreamGetId_nothrow(s, &id) == CUDA_ERROR_INVALID_CONTEXT) {
+  const CUresult first = cu::cuStreamGetId_nothrow(s, &id);
+  if (first == CUDA_SUCCESS) [[likely]] return id;
+  if (first == CUDA_ERROR_INVALID_CONTEXT) {
     ensure_context(0);  // the legacy or per-thread default stream of a thread with no context
   }
   check(cu::cuStreamGetId_nothrow(s, &id), "cuStreamGetId", [] { return std::string("identifying a stream"); });
+  return id;
+}
+
+/// The records of the last few streams a thread identified by raw handle. PyTorch and CuPy
+/// hand the same few raw handles over and over, from several threads; the registry's lookup
+/// takes a shared lock whose line every such thread writes. Keyed by stream id, never by
+/// handle (see stream_id_of). Each entry holds its record, so a thread keeps at most
+/// `size` records of destroyed streams alive, until it identifies newer ones or exits.
+class recent_streams {
+ public:
+  static constexpr std::size_t size = 4;
+  [[nodiscard]] stream_record* find(std::uint64_t id) const noexcept {
+    for (const entry& e : entries_) {
+      if (e.id == id) return e.record.get();
+    }
+    return nullptr;
+  }
+  void remember(std::uint64_t id, stream_record& r) noexcept {
+    entries_[next_++ % size] = entry{id, record_ref(r)};
+  }
+  /// The calling thread's.
+  static recent_streams& of_this_thread() noexcept {
+    thread_local recent_streams recent;
+    return recent;
+  }
+
+ private:
+  struct entry {
+    std::uint64_t id = 0;  // stream ids start at 1
+    record_ref record;
+  };
+  std::array<entry, size> entries_{};
+  std::size_t next_ = 0;
+};
+
+/// The ordering record of stream `id`, whose handle is `s`, made on first use.
+inline stream_record& record_of_stream(CUstream s, std::uint64_t id) {
   stream_record& r = ordering().record(id);
   if (r.device() < 0) {
     CUcontext ctx = nullptr;
@@ -76,6 +115,18 @@ inline stream_record& resolve_stream(CUstream s) {
     r.set_device(static_cast<int>(d));
     if (is_legacy_handle(s)) r.mark_handle_stable();
   }
+  return r;
+}
+
+/// The ordering record of a raw stream handle, made on first use: one driver call per use,
+/// and no lock for the last few streams the calling thread used. For the per-thread default
+/// stream's handle it is the calling thread's stream's record.
+inline stream_record& resolve_stream(CUstream s) {
+  const std::uint64_t id = stream_id_of(s);
+  recent_streams& recent = recent_streams::of_this_thread();
+  if (stream_record* known = recent.find(id)) [[likely]] return *known;
+  stream_record& r = record_of_stream(s, id);
+  recent.remember(id, r);
   return r;
 }
 
@@ -249,7 +300,9 @@ class stream {
     detail::check(r, "cuStreamCreateWithPriority");
     stream_ = s;
     try {
-      record_ = detail::record_ref(detail::resolve_stream(s));
+      // Not through the thread's recent streams: they would keep this stream's record alive
+      // after it is destroyed.
+      record_ = detail::record_ref(detail::record_of_stream(s, detail::stream_id_of(s)));
       record_->mark_handle_stable();  // valid until reset() retires it
     } catch (...) {
       (void)detail::cu::cuStreamDestroy_nothrow(s);

@@ -1,0 +1,194 @@
+// What a raw cudaStream_t costs streamalloc per call, piece by piece: a `stream` carries its
+// ordering record, a raw handle has to be identified on every use (CUDA reuses handle values
+// of destroyed streams, so a handle alone is no identity), which takes driver calls. This
+// measures each of them, the lookup as a whole, and the allocate + free pair both ways, at 1
+// and 8 threads (PyTorch and CuPy hand raw handles, from several threads).
+//
+// It also asks the driver the question the lookup's cost hangs on: may a thread call
+// cuStreamGetId while another thread captures a stream in global mode, without first
+// switching itself to relaxed mode? (If the call were refused there, it would also invalidate
+// that other thread's capture.)
+//
+//   bench_stream_lookup [--json FILE]
+
+#include <streamalloc/pool.hpp>
+#include <streamalloc/stream.hpp>
+
+#include "bench_common.hpp"
+
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+namespace cu = streamalloc::detail::cu;
+using bench::clk;
+using bench::seconds_since;
+
+template <class Op>
+double ns_per(int n, Op op) {
+  for (int i = 0; i < n / 10; ++i) op();  // warm
+  const auto t = clk::now();
+  for (int i = 0; i < n; ++i) op();
+  return seconds_since(t) * 1e9 / n;
+}
+
+/// ns per call of `op` with `threads` threads each on a stream of its own, started together.
+template <class Op>
+double ns_per_threaded(int threads, int n, Op op) {
+  std::vector<double> each(threads);
+  std::atomic<int> ready{0};
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      BENCH_CHECK(cudaSetDevice(0));
+      cudaStream_t s;
+      BENCH_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+      for (int i = 0; i < n / 10; ++i) op(s);
+      ready.fetch_add(1);
+      while (ready.load() < threads) {
+      }
+      const auto t0 = clk::now();
+      for (int i = 0; i < n; ++i) op(s);
+      each[t] = seconds_since(t0) * 1e9 / n;
+      BENCH_CHECK(cudaStreamSynchronize(s));
+      BENCH_CHECK(cudaStreamDestroy(s));
+    });
+  }
+  for (auto& th : pool) th.join();
+  return bench::median(each);
+}
+
+std::string result_name(CUresult r) {
+  // 0 is success, 900 CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, 901 ..._INVALIDATED.
+  return "CUresult " + std::to_string(static_cast<int>(r));
+}
+
+/// A capture in global mode, begun by this thread or another, and a cuStreamGetId made meanwhile
+/// by this thread without leaving global mode, on the captured stream or on another one. Says
+/// what the call and the capture's end returned. (If such calls were refused, they would also
+/// invalidate the capture: that is why streamalloc switches to relaxed mode around them.)
+std::string get_id_during_global_capture(bool same_thread, bool of_captured_stream) {
+  cudaStream_t captured, mine;
+  BENCH_CHECK(cudaStreamCreateWithFlags(&captured, cudaStreamNonBlocking));
+  BENCH_CHECK(cudaStreamCreateWithFlags(&mine, cudaStreamNonBlocking));
+  const CUstream asked = of_captured_stream ? captured : mine;
+  CUresult get_id = CUDA_SUCCESS;
+  cudaError_t end = cudaSuccess;
+  unsigned long long id = 0;
+  auto finish = [&] {
+    cudaGraph_t g = nullptr;
+    end = cudaStreamEndCapture(captured, &g);
+    if (g != nullptr) cudaGraphDestroy(g);
+  };
+  if (same_thread) {
+    BENCH_CHECK(cudaStreamBeginCapture(captured, cudaStreamCaptureModeGlobal));
+    get_id = cu::cuStreamGetId_nothrow(asked, &id);
+    finish();
+  } else {
+    std::atomic<int> phase{0};
+    std::thread capturer([&] {
+      BENCH_CHECK(cudaSetDevice(0));
+      BENCH_CHECK(cudaStreamBeginCapture(captured, cudaStreamCaptureModeGlobal));
+      phase = 1;
+      while (phase.load() != 2) {
+      }
+      finish();
+    });
+    while (phase.load() != 1) {
+    }
+    get_id = cu::cuStreamGetId_nothrow(asked, &id);
+    phase = 2;
+    capturer.join();
+  }
+  (void)cudaGetLastError();
+  cudaStreamDestroy(captured);
+  cudaStreamDestroy(mine);
+  return "cuStreamGetId: " + result_name(get_id) + ", the capture: " + cudaGetErrorName(end);
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  const char* json = nullptr;
+  for (int i = 1; i < argc; ++i)
+    if (!std::strcmp(argv[i], "--json") && i + 1 < argc) json = argv[++i];
+  bench::require_gpu("bench_stream_lookup");
+  const bench::gpu_info gpu = bench::describe_gpu();
+  bench::json_rows rows;
+  BENCH_CHECK(cudaSetDevice(0));
+  BENCH_CHECK(cudaFree(nullptr));
+  cudaStream_t raw;
+  BENCH_CHECK(cudaStreamCreateWithFlags(&raw, cudaStreamNonBlocking));
+  const int n = 400000;
+
+  std::printf("\none thread, ns per call\n");
+  auto row = [&](const char* what, double ns) {
+    std::printf("  %-58s %8.1f\n", what, ns);
+    rows.add(what, "\"ns\": " + std::to_string(ns));
+  };
+  row("cuStreamGetCaptureInfo (every stream-ordered call)", ns_per(n, [&] {
+        CUstreamCaptureStatus st;
+        cuuint64_t id;
+        (void)cu::cuStreamGetCaptureInfo_nothrow(raw, &st, &id, nullptr, nullptr, nullptr, nullptr);
+      }));
+  row("cuThreadExchangeStreamCaptureMode, there and back", ns_per(n, [&] {
+        CUstreamCaptureMode m = CU_STREAM_CAPTURE_MODE_RELAXED;
+        (void)cu::cuThreadExchangeStreamCaptureMode_nothrow(&m);
+        (void)cu::cuThreadExchangeStreamCaptureMode_nothrow(&m);
+      }));
+  row("cuStreamGetId", ns_per(n, [&] {
+        unsigned long long id;
+        (void)cu::cuStreamGetId_nothrow(raw, &id);
+      }));
+  row("resolve_stream (a raw handle's record, whole)",
+      ns_per(n, [&] { (void)&streamalloc::detail::resolve_stream(raw); }));
+
+  streamalloc::pool p;
+  streamalloc::stream owned(0);
+  const streamalloc::stream_ref by_handle{raw};
+  const streamalloc::stream_ref owned_ref = owned;
+  const double pair_stream = ns_per(n, [&] { p.deallocate(p.allocate(4096, owned_ref), owned_ref); });
+  const double pair_raw = ns_per(n, [&] { p.deallocate(p.allocate(4096, by_handle), by_handle); });
+  row("allocate + free 4 KiB, a stream", pair_stream);
+  row("allocate + free 4 KiB, a raw handle", pair_raw);
+  const double async = ns_per(n / 4, [&] {
+    void* q;
+    BENCH_CHECK(cudaMallocAsync(&q, 4096, raw));
+    BENCH_CHECK(cudaFreeAsync(q, raw));
+  });
+  row("cudaMallocAsync + cudaFreeAsync 4 KiB", async);
+  std::printf("  raw handle / stream: %.2fx\n", pair_raw / pair_stream);
+
+  std::printf("\n8 threads, each its own raw handle, ns per call (median thread)\n");
+  row("8 threads: resolve_stream", ns_per_threaded(8, n, [](cudaStream_t s) {
+        (void)&streamalloc::detail::resolve_stream(s);
+      }));
+  row("8 threads: allocate + free 4 KiB, a raw handle", ns_per_threaded(8, n, [&](cudaStream_t s) {
+        const streamalloc::stream_ref r{s};
+        p.deallocate(p.allocate(4096, r), r);
+      }));
+
+  std::printf("\ncuStreamGetId without leaving global mode while a stream is captured in global mode\n");
+  for (const bool same_thread : {false, true}) {
+    for (const bool of_captured : {false, true}) {
+      const std::string answer = get_id_during_global_capture(same_thread, of_captured);
+      const std::string what = std::string("captured by ") + (same_thread ? "this thread" : "another thread") +
+                               ", asking of " + (of_captured ? "the captured stream" : "another stream");
+      std::printf("  %-62s %s\n", what.c_str(), answer.c_str());
+      rows.add("get_id_during_global_capture: " + what, "\"answer\": \"" + answer + "\"");
+    }
+  }
+  BENCH_CHECK(cudaStreamSynchronize(raw));
+  BENCH_CHECK(cudaStreamDestroy(raw));
+  if (json != nullptr) {
+    std::ofstream out(json);
+    out << "{\n  \"bench\": \"stream_lookup\",\n  \"gpu\": \"" << bench::json_escape(gpu.name) << "\",\n  \"driver\": " << gpu.driver
+        << ",\n  \"runtime\": " << gpu.runtime << ",\n  \"rows\": [\n" << rows.str() << "\n  ]\n}\n";
+    std::printf("wrote %s\n", json);
+  }
+  return 0;
+}
