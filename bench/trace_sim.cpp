@@ -3,54 +3,80 @@
 // bench). Reports the reserved high-water mark against the peak live bytes for several chunk
 // sizes, in seconds instead of device minutes: this is where the memory policy is tuned.
 //
+// With --trace, replays recorded traces instead (bench/traces/*.trace.gz, from real PyTorch
+// workloads, bench/traces/README.md; a folder stands for the traces in it): one simulated
+// stream per trace stream, every stream's work complete after each operation, as in
+// bench_trace_replay on an idle GPU. PyTorch's own reserved / peak live for the same steps is
+// printed beside them when pytorch_peaks.json is found next to the trace.
+//
 //   bench_trace_sim [--live-gib N] [--steps N]
+//   bench_trace_sim --trace FILE|DIR [--trace FILE|DIR ...]
 
 #include <streamalloc/detail/core/pool_core.hpp>
 
 #include "../tests/support/sim_backend.hpp"
 #include "trace.hpp"
+#include "trace_file.hpp"
 
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <vector>
 
-int main(int argc, char** argv) {
-  using namespace streamalloc::detail;
-  std::size_t live_gib = 8;
-  int steps = 20000;
-  for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--live-gib") && i + 1 < argc) live_gib = std::strtoull(argv[++i], nullptr, 10);
-    else if (!std::strcmp(argv[i], "--steps") && i + 1 < argc) steps = std::atoi(argv[++i]);
-  }
-  std::size_t peak = 0;
-  const auto ops = bench::make_trace(live_gib << 30, steps, peak);
-  std::printf("trace: %zu operations, peak live %.3f GiB\n", ops.size(), double(peak) / (1 << 30));
-  std::printf("%12s %14s %12s %10s %10s %8s\n", "chunk", "reserved high", "/ peak live", "remapped", "chunks", "seconds");
-  struct config {
-    std::size_t chunk;
-    bool own;
-  };
-  for (config c : {config{64u << 20, true}, config{16u << 20, false}, config{2u << 20, false}}) {
+namespace {
+using namespace streamalloc::detail;
+
+struct config {
+  std::size_t chunk;
+  bool own;  // a request of a chunk or more gets a chunk of its own size (the default pool)
+};
+// The default pool (64 MiB chunks), an intermediate, and `compact` (2 MiB chunks).
+constexpr config configs[] = {{64u << 20, true}, {16u << 20, false}, {2u << 20, false}};
+
+/// Replays `ops` (ids dense from 0) through a fresh pool core per chunk size and prints a row
+/// each. `streams` simulated streams; `peak` the trace's peak live bytes; `address_space` the
+/// pools' limit on addresses.
+void simulate(const std::vector<bench::recorded_op>& ops, std::size_t allocations, std::uint32_t streams,
+              std::size_t peak, std::uint64_t address_space) {
+  std::printf("%12s %14s %12s %10s %10s %8s %10s\n", "chunk", "reserved high", "/ peak live", "remapped", "chunks",
+              "seconds", "ns/op");
+  static char handles[bench::trace_detail::max_streams];
+  for (config c : configs) {
     const std::size_t chunk = c.chunk;
     auto dev = std::make_shared<streamalloc_test::sim_device>();
     core_options o;
     o.chunk_size = chunk;
     o.own_chunk_for_large = c.own;
     o.release_threshold = ~0ull;
-    o.address_space = 4 * (live_gib << 30) + (64ull << 30);
+    o.address_space = address_space;
     pool_core<streamalloc_test::sim_backend> pool(streamalloc_test::sim_backend{dev}, o);
-    static char handle;
-    stream_key s{&ordering().record(1ull << 60), &handle};
-    std::vector<std::uint64_t> ptr(ops.size());
+    // Stream 0 is the record bench_trace_sim always used, so the random trace's rows stay
+    // comparable with earlier runs; further streams get records of their own.
+    std::vector<stream_key> keys;
+    for (std::uint32_t i = 0; i < std::max<std::uint32_t>(streams, 1); ++i) {
+      keys.push_back(stream_key{&ordering().record((1ull << 60) + i), &handles[i]});
+    }
+    std::vector<std::uint64_t> ptr(allocations);
     const auto t = std::chrono::steady_clock::now();
     std::size_t step = 0;
     try {
-      for (const auto& op : ops) {
-        if (op.alloc) ptr[op.id] = pool.allocate(op.size, s);
-        else pool.deallocate(ptr[op.id], s);
-        dev->run(s.native);  // an idle device: every event completes at once
-        ++step;
+      if (keys.size() == 1) {
+        for (const auto& op : ops) {
+          if (op.alloc) ptr[op.id] = pool.allocate(op.size, keys[0]);
+          else pool.deallocate(ptr[op.id], keys[0]);
+          dev->run(keys[0].native);  // an idle device: every event completes at once
+          ++step;
+        }
+      } else {
+        for (const auto& op : ops) {
+          const stream_key& s = keys[op.stream];
+          if (op.alloc) ptr[op.id] = pool.allocate(op.size, s);
+          else pool.deallocate(ptr[op.id], s);
+          // The pool may record events on other streams than the op's: all of them complete.
+          dev->run_all();
+          ++step;
+        }
       }
     } catch (const core_out_of_memory& e) {
       std::printf("%9zu MiB: out of memory at operation %zu (%llu bytes): %s\n", chunk >> 20, step,
@@ -60,10 +86,82 @@ int main(int argc, char** argv) {
     }
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
     const auto st = pool.statistics();
-    std::printf("%9zu MiB %11.3f GiB %12.3f %10llu %10llu %8.2f\n", chunk >> 20, double(st.reserved_high) / (1 << 30),
-                double(st.reserved_high) / double(peak), static_cast<unsigned long long>(st.remapped_chunks),
-                static_cast<unsigned long long>(st.chunks), secs);
+    std::printf("%9zu MiB %11.3f GiB %12.3f %10llu %10llu %8.2f %10.0f\n", chunk >> 20,
+                double(st.reserved_high) / (1 << 30), double(st.reserved_high) / double(peak),
+                static_cast<unsigned long long>(st.remapped_chunks), static_cast<unsigned long long>(st.chunks), secs,
+                secs * 1e9 / double(ops.size()));
     pool.shutdown();
   }
+}
+
+int replay_recorded(const std::vector<std::string>& args) {
+  const std::vector<std::string> files = bench::expand_trace_paths(args);
+  if (files.empty()) {
+    std::fprintf(stderr, "bench_trace_sim: no traces in %s\n", args.empty() ? "" : args.front().c_str());
+    return 1;
+  }
+  int failures = 0;
+  for (const auto& path : files) {
+    bench::recorded_trace t;
+    try {
+      t = bench::load_trace(path);
+    } catch (const bench::trace_error& e) {
+      std::fprintf(stderr, "bench_trace_sim: %s\n", e.what());
+      ++failures;
+      continue;
+    }
+    std::printf("\ntrace %s (%s): %zu operations, %zu allocations (%zu live at the end), %u stream%s, peak live %.3f GiB\n",
+                t.name.c_str(), path.c_str(), t.ops.size(), t.allocations(), t.live_at_end, t.streams,
+                t.streams == 1 ? "" : "s", double(t.peak_live) / (1 << 30));
+    if (const std::string w = t.note("workload:"); !w.empty()) std::printf("  %s\n", w.c_str());
+    std::string why;
+    try {
+      if (const std::string peaks = bench::peaks_file_for(path, ""); !peaks.empty()) {
+        if (auto p = bench::load_pytorch_peaks(peaks, t.name, why)) {
+          auto ratio = [&](const std::optional<bench::pytorch_peak>& x) {
+            char buf[32] = "-";
+            if (x) std::snprintf(buf, sizeof buf, "%.3f", x->max_reserved / double(t.peak_live));
+            return std::string(buf);
+          };
+          std::printf("  PyTorch on the GPU (max_memory_reserved / peak live): default %s, expandable segments %s\n",
+                      ratio(p->standard).c_str(), ratio(p->expandable).c_str());
+        }
+      }
+    } catch (const bench::trace_error& e) {
+      std::printf("  (PyTorch's peaks not read: %s)\n", e.what());
+    }
+    const std::uint64_t gib = 1ull << 30;
+    simulate(t.ops, t.allocations(), t.streams, t.peak_live, 4 * ((t.peak_live + gib - 1) / gib * gib) + 64 * gib);
+  }
+  return failures == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::size_t live_gib = 8;
+  int steps = 20000;
+  std::vector<std::string> traces;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--live-gib") && i + 1 < argc) live_gib = std::strtoull(argv[++i], nullptr, 10);
+    else if (!std::strcmp(argv[i], "--steps") && i + 1 < argc) steps = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--trace") && i + 1 < argc) traces.emplace_back(argv[++i]);
+    else {
+      std::fprintf(stderr, "usage: bench_trace_sim [--live-gib N] [--steps N] | --trace FILE|DIR [--trace ...]\n");
+      return 2;
+    }
+  }
+  if (!traces.empty()) return replay_recorded(traces);
+  std::size_t peak = 0;
+  const auto random_ops = bench::make_trace(live_gib << 30, steps, peak);
+  std::vector<bench::recorded_op> ops;
+  ops.reserve(random_ops.size());
+  std::size_t allocations = 0;
+  for (const auto& op : random_ops) {
+    ops.push_back({op.alloc, op.id, op.size, 0});
+    if (op.alloc) ++allocations;
+  }
+  std::printf("trace: %zu operations, peak live %.3f GiB\n", ops.size(), double(peak) / (1 << 30));
+  simulate(ops, allocations, 1, peak, 4 * (live_gib << 30) + (64ull << 30));
   return 0;
 }
