@@ -146,6 +146,8 @@ int main(int argc, char** argv) {
       }));
   row("resolve_stream (a raw handle's record, whole)",
       ns_per(n, [&] { (void)&streamalloc::detail::resolve_stream(raw); }));
+  row("resolve_uncaptured_stream (the pools' calls, after the capture check)",
+      ns_per(n, [&] { (void)&streamalloc::detail::resolve_uncaptured_stream(raw); }));
 
   streamalloc::pool p;
   streamalloc::stream owned(0);

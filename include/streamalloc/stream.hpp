@@ -50,12 +50,12 @@ inline bool is_legacy_handle(CUstream s) noexcept {
   return s == CU_STREAM_LEGACY;
 }
 
-/// The id of the stream a raw handle names now (one driver call; a handle value is no identity:
-/// CUDA gives a destroyed stream's handle to the next stream made).
-inline std::uint64_t stream_id_of(CUstream s) {
-  // cuStreamGetId is one of the calls a global-mode capture forbids, even of the captured
-  // stream itself, and a refusal would invalidate the capture.
-  const relaxed_capture_mode relaxed;
+/// The id of the stream a raw handle names now, for a stream known not to be capturing (one
+/// driver call; a handle value is no identity: CUDA gives a destroyed stream's handle to the
+/// next stream made). Asked of a stream being captured in global mode, cuStreamGetId is
+/// refused and the refusal invalidates the capture; asked of any other stream it is allowed
+/// while captures run, in this thread or others (measured: bench/stream_lookup.cu).
+inline std::uint64_t uncaptured_stream_id_of(CUstream s) {
   unsigned long long id = 0;
   const CUresult first = cu::cuStreamGetId_nothrow(s, &id);
   if (first == CUDA_SUCCESS) [[likely]] return id;
@@ -64,6 +64,13 @@ inline std::uint64_t stream_id_of(CUstream s) {
   }
   check(cu::cuStreamGetId_nothrow(s, &id), "cuStreamGetId", [] { return std::string("identifying a stream"); });
   return id;
+}
+
+/// As uncaptured_stream_id_of, for any stream: in relaxed capture mode, in which a capturing
+/// stream may be asked too.
+inline std::uint64_t stream_id_of(CUstream s) {
+  const relaxed_capture_mode relaxed;
+  return uncaptured_stream_id_of(s);
 }
 
 /// The records of the last few streams a thread identified by raw handle. PyTorch and CuPy
@@ -102,6 +109,8 @@ class recent_streams {
 inline stream_record& record_of_stream(CUstream s, std::uint64_t id) {
   stream_record& r = ordering().record(id);
   if (r.device() < 0) {
+    // Once per stream: the calls below are not among those measured safe during a capture.
+    const relaxed_capture_mode relaxed;
     CUcontext ctx = nullptr;
     cu::cuStreamGetCtx(s, &ctx);
     CUdevice d{};
@@ -121,14 +130,17 @@ inline stream_record& record_of_stream(CUstream s, std::uint64_t id) {
 /// The ordering record of a raw stream handle, made on first use: one driver call per use,
 /// and no lock for the last few streams the calling thread used. For the per-thread default
 /// stream's handle it is the calling thread's stream's record.
-inline stream_record& resolve_stream(CUstream s) {
-  const std::uint64_t id = stream_id_of(s);
+inline stream_record& resolve_stream_id(CUstream s, std::uint64_t id) {
   recent_streams& recent = recent_streams::of_this_thread();
   if (stream_record* known = recent.find(id)) [[likely]] return *known;
   stream_record& r = record_of_stream(s, id);
   recent.remember(id, r);
   return r;
 }
+inline stream_record& resolve_stream(CUstream s) { return resolve_stream_id(s, stream_id_of(s)); }
+/// As resolve_stream, for a stream the caller has just found not capturing (the pools'
+/// stream-ordered calls): no switch of capture mode around the lookup, two driver calls fewer.
+inline stream_record& resolve_uncaptured_stream(CUstream s) { return resolve_stream_id(s, uncaptured_stream_id_of(s)); }
 
 /// An event's last record through streamalloc: what waiting on it proves.
 struct event_state {

@@ -111,7 +111,11 @@ inline device_cores& cores_by_device() {
   return *d;
 }
 
-inline stream_key key_of(stream_ref s) { return {&s.record(), s.get()}; }
+/// The key of a stream the caller has just found not capturing (capture_of).
+inline stream_key key_of_uncaptured(stream_ref s) {
+  stream_record* known = s.known_record();
+  return {known != nullptr ? known : &resolve_uncaptured_stream(s.get()), s.get()};
+}
 
 /// Each device's current pool, when `set_current_pool` set one (null: its default pool).
 inline std::array<std::atomic<pool_state*>, max_devices>& current_pools() {
@@ -360,7 +364,7 @@ class pool_state {
     // Capture first: a capturing stream cannot be looked up (see captured_stream).
     const detail::capture_info capture = detail::capture_of(s.get(), "streamalloc::pool::allocate");
     if (capture.id != 0) [[unlikely]] return allocate_in_capture(bytes, s, capture);
-    const detail::stream_key key = detail::key_of(s);
+    const detail::stream_key key = detail::key_of_uncaptured(s);
     if (key.record->device() != device_) [[unlikely]] require_access("allocate", key.record->device());
     return allocate_keyed(bytes, [&](std::uint64_t n) { return core_->allocate(n, key, where); });
   }
@@ -370,7 +374,7 @@ class pool_state {
     if (p == nullptr) return;
     const detail::capture_info capture = detail::capture_of(s.get(), "streamalloc::pool::deallocate");
     if (capture.id != 0) [[unlikely]] return deallocate_in_capture(p, s, capture);
-    const detail::stream_key key = detail::key_of(s);
+    const detail::stream_key key = detail::key_of_uncaptured(s);
     if (key.record->device() != device_) [[unlikely]] require_access("deallocate", key.record->device());
     core_->deallocate(reinterpret_cast<std::uint64_t>(p), key);
   }
@@ -408,7 +412,7 @@ class pool_state {
     // Under capture the captured work runs at each launch, not now: memory free now in this
     // stream's order may be in use then. Growing is refused, as when something is in the way.
     if (detail::capture_of(s.get(), "streamalloc::pool::grow_in_place").id != 0) return 0;
-    const detail::stream_key key = detail::key_of(s);
+    const detail::stream_key key = detail::key_of_uncaptured(s);
     if (key.record->device() != device_) [[unlikely]] require_access("grow_in_place", key.record->device());
     return static_cast<std::size_t>(core_->grow_in_place(reinterpret_cast<std::uint64_t>(p), bytes, key));
   }
@@ -423,7 +427,7 @@ class pool_state {
       }
       return static_cast<std::size_t>(found->second);
     }
-    const detail::stream_key key = detail::key_of(s);
+    const detail::stream_key key = detail::key_of_uncaptured(s);
     if (key.record->device() != device_) [[unlikely]] require_access("shrink_in_place", key.record->device());
     return static_cast<std::size_t>(core_->shrink_in_place(reinterpret_cast<std::uint64_t>(p), bytes, key));
   }
