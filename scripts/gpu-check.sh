@@ -158,7 +158,9 @@ benches() {
   "$build/bench/bench_scale_sim" && \
   "$build/bench/bench_graphs" --json "$out/graphs.json" && \
   "$build/bench/bench_ipc" --json "$out/ipc.json" && \
-  "$build/bench/bench_multigpu" --json "$out/multigpu.json"
+  "$build/bench/bench_multigpu" --json "$out/multigpu.json" && \
+  "$build/bench/bench_stream_lookup" --json "$out/stream_lookup.json" && \
+  "$build/bench/bench_trace_replay" --traces "$here/bench/traces" --json "$out/trace_replay.json"
 }
 wants bench && step bench benches
 
@@ -178,5 +180,6 @@ if [ -f "$out/bench.log" ]; then
   echo; sed -n '/^1\. hand-off ring/,/^wrote .*scale.json/p' "$out/bench.log"
   echo; sed -n '/^the scale bench.s ring and live blocks on the CPU/,/^ *1000000 /p' "$out/bench.log"
   echo; sed -n '/^1\. N blocks/,/^wrote .*graphs.json/p' "$out/bench.log"
+  echo; sed -n '/^one thread, ns per call/,/^wrote .*stream_lookup.json/p' "$out/bench.log"
 fi
 exit $failed
