@@ -1,7 +1,9 @@
 #pragma once
 
 // The state behind a `pool` (see <streamalloc/pool.hpp>): the pool core over the VMM backend,
-// the checks of a pool's properties, and the process-wide directory of pools by address.
+// and what a pool adds around it (capture, graphs, peer access, IPC export). The checks of a
+// pool's properties are in property_checks.hpp, the process-wide directories of pools in
+// pool_registry.hpp.
 
 #include <streamalloc/access.hpp>
 #include <streamalloc/detail/driver/context.hpp>
@@ -9,6 +11,8 @@
 #include <streamalloc/detail/ipc/exporter.hpp>
 #include <streamalloc/detail/pool/capture.hpp>
 #include <streamalloc/detail/pool/graph_ties.hpp>
+#include <streamalloc/detail/pool/pool_registry.hpp>
+#include <streamalloc/detail/pool/property_checks.hpp>
 #include <streamalloc/detail/pool/vmm_backend.hpp>
 #include <streamalloc/driver.hpp>
 #include <streamalloc/memory_location.hpp>
@@ -40,112 +44,10 @@
 
 namespace streamalloc::detail {
 
-class pool_state;
-
-static_assert(pool_backend<vmm_backend>);
-using vmm_pool_core = pool_core<vmm_backend>;
-
-/// Every live pool's reservations, by address, for finding the pool of a pointer (a lookup in
-/// a process with thousands of pools costs a map search, not a walk over them).
-class pool_directory {
- public:
-  void add(pool_state* p, std::uint64_t base, std::uint64_t size) {
-    std::unique_lock lock(mutex_);
-    entries_[base] = {base + size, p};
-  }
-  void remove(pool_state* p) {
-    std::unique_lock lock(mutex_);
-    std::erase_if(entries_, [p](const auto& e) { return e.second.owner == p; });
-  }
-  pool_state* find(std::uint64_t addr) {
-    std::shared_lock lock(mutex_);
-    auto it = entries_.upper_bound(addr);
-    if (it == entries_.begin()) return nullptr;
-    --it;
-    return addr < it->second.end ? it->second.owner : nullptr;
-  }
-
- private:
-  struct entry {
-    std::uint64_t end;
-    pool_state* owner;
-  };
-  std::shared_mutex mutex_;
-  std::map<std::uint64_t, entry> entries_;  // reservation base -> its end, its pool
-};
-
-inline pool_directory& pools() {
-  static pool_directory* d = new pool_directory;  // outlives every pool, default pools included
-  return *d;
-}
-
-/// The cores of each device's pools, closed pools' included while graphs keep them: what the
-/// device's graph memory statistics and trim (graph_allocation.hpp) go over. Weak: a core goes
-/// when its pool and graphs do, and its entry with the next walk.
-class device_cores {
- public:
-  void add(int device, const std::shared_ptr<vmm_pool_core>& core) {
-    std::lock_guard lock(mutex_);
-    cores_.emplace_back(device, core);
-  }
-  /// The live cores of `device`, each held for the caller.
-  std::vector<std::shared_ptr<vmm_pool_core>> of(int device) {
-    std::vector<std::shared_ptr<vmm_pool_core>> out;
-    std::lock_guard lock(mutex_);
-    std::erase_if(cores_, [&](const auto& e) {
-      std::shared_ptr<vmm_pool_core> c = e.second.lock();
-      if (c == nullptr) return true;
-      if (e.first == device) out.push_back(std::move(c));
-      return false;
-    });
-    return out;
-  }
-
- private:
-  std::mutex mutex_;
-  std::vector<std::pair<int, std::weak_ptr<vmm_pool_core>>> cores_;
-};
-
-inline device_cores& cores_by_device() {
-  static device_cores* d = new device_cores;  // pools may outlive main's locals
-  return *d;
-}
-
 /// The key of a stream the caller has just found not capturing (capture_of).
 inline stream_key key_of_uncaptured(stream_ref s) {
   stream_record* known = s.known_record();
   return {known != nullptr ? known : &resolve_uncaptured_stream(s.get()), s.get()};
-}
-
-/// Each device's current pool, when `set_current_pool` set one (null: its default pool).
-inline std::array<std::atomic<pool_state*>, max_devices>& current_pools() {
-  static std::array<std::atomic<pool_state*>, max_devices> p{};
-  return p;
-}
-/// A closing pool stops being any device's current pool.
-inline void forget_current_pool(pool_state* p) noexcept {
-  for (auto& slot : current_pools()) {
-    pool_state* expected = p;
-    slot.compare_exchange_strong(expected, nullptr, std::memory_order_acq_rel);
-  }
-}
-
-/// The largest `max_size`, `address_space` or `chunk_size` a pool accepts: 2^50 bytes (1 PiB).
-/// No device addresses that much (Hopper's virtual address space is 2^49 bytes), and keeping
-/// sizes far below 2^64 leaves the pool's arithmetic (four times the size, rounding up to the
-/// granularity) free of overflow.
-inline constexpr std::size_t max_pool_bytes = std::size_t{1} << 50;
-
-/// The handle types streamalloc knows; any other bit is refused when a pool is made.
-inline constexpr unsigned known_handle_types =
-    static_cast<unsigned>(shareable_handle_type::posix_fd) | static_cast<unsigned>(shareable_handle_type::fabric);
-
-/// "posix_fd", "posix_fd | fabric", for messages.
-inline std::string handle_type_names(shareable_handle_type t) {
-  std::string s;
-  if (has_handle_type(t, shareable_handle_type::posix_fd)) s = "posix_fd";
-  if (has_handle_type(t, shareable_handle_type::fabric)) s += s.empty() ? "fabric" : " | fabric";
-  return s.empty() ? "none" : s;
 }
 
 /// The pseudo-stream of synchronous allocations: no CUDA stream, and every free on it is
@@ -209,33 +111,11 @@ class pool_state {
     require_driver();
     const int device = props.location.is_device() ? props.location.id() : 0;
     device_ = device;
-    if (props.location.is_device() && props.location.id() >= device_count()) {
-      throw std::invalid_argument("streamalloc::pool: there is no device " + std::to_string(props.location.id()));
-    }
-    check_sizes(props);
-    if ((static_cast<unsigned>(props.handle_types) & ~detail::known_handle_types) != 0) {
-      throw std::invalid_argument("streamalloc::pool: pool_properties::handle_types " +
-                                  std::to_string(static_cast<unsigned>(props.handle_types)) +
-                                  " has bits no shareable_handle_type names (posix_fd, fabric)");
-    }
-    require_location(props.location, device);
-    if (props.handle_types != shareable_handle_type::none && props.location.is_device()) {
-      require_handle_types(device, props.handle_types);
-    }
     const allocation_options opts{props.handle_types, false};
-    const std::size_t g = allocation_granularity(props.location, granularity_kind::minimum, opts);
-    if (props.chunk_size != 0 && props.chunk_size % g != 0) {
-      throw std::invalid_argument("streamalloc::pool: chunk_size " + std::to_string(props.chunk_size) +
-                                  " is not a multiple of the allocation granularity " + std::to_string(g));
-    }
-    if (props.max_size != 0 && props.max_size < g) {
-      throw std::invalid_argument("streamalloc::pool: max_size " + std::to_string(props.max_size) +
-                                  " is below the allocation granularity " + std::to_string(g));
-    }
+    const std::size_t g = detail::check_pool_properties(props, device, opts);
     // Physical memory comes in granules: a limit between two holds the smaller, so that the
     // pool never holds more than max_size.
     props_.max_size = props.max_size / g * g;
-    probe(props.location, opts, g);
     std::size_t space = props.address_space;
     if (space == 0) {
       std::size_t physical = props_.max_size;
@@ -718,57 +598,6 @@ class pool_state {
     for (int d = 0; d < detail::max_devices; ++d) {
       if ((users >> d & 1) != 0) f(d);
     }
-  }
-
-  /// Refuses sizes no device could serve, before anything is computed from them.
-  static void check_sizes(const pool_properties& props) {
-    const auto refuse = [](const char* name, std::size_t v) {
-      throw std::invalid_argument(std::string("streamalloc::pool: pool_properties::") + name + " " + std::to_string(v) +
-                                  " is above 2^50 bytes (1 PiB): no device address space is that large");
-    };
-    if (props.max_size > detail::max_pool_bytes) refuse("max_size", props.max_size);
-    if (props.address_space > detail::max_pool_bytes) refuse("address_space", props.address_space);
-    if (props.chunk_size > detail::max_pool_bytes) refuse("chunk_size", props.chunk_size);
-  }
-
-  /**
-   * Creates and releases one granule with the pool's properties, so that a property the
-   * driver refuses (a host NUMA node that does not exist, a handle type the device cannot
-   * create, such as fabric without its service) fails when the pool is made, not at its first
-   * allocation. A lack of memory is no fault of the properties: the pool may still be used
-   * once memory is freed.
-   */
-  static void probe(memory_location where, const allocation_options& opts, std::size_t g) {
-    try {
-      const physical_allocation granule(g, where, opts);
-    } catch (const driver_unavailable&) {
-      throw;
-    } catch (const cuda_error& e) {
-      if (e.code() == CUDA_ERROR_OUT_OF_MEMORY) return;
-      refuse_properties(e, where, opts, g);
-    }
-  }
-
-  [[noreturn]] STREAMALLOC_COLD static void refuse_properties(const cuda_error& e, memory_location where,
-                                                               const allocation_options& opts, std::size_t g) {
-    // The driver's code rarely says which property it refused: when the same location
-    // without handle types works, the handle types are at fault.
-    bool handle_types_refused = false;
-    if (opts.handle_types != shareable_handle_type::none) {
-      try {
-        physical_allocation plain(g, where, {});
-        handle_types_refused = true;
-      } catch (const cuda_error&) {
-      }
-    }
-    const std::string property =
-        handle_types_refused ? "pool_properties::handle_types (" + detail::handle_type_names(opts.handle_types) +
-                                   ") on " + where.to_string()
-                             : "pool_properties::location (" + where.to_string() + ")";
-    const std::string what = "streamalloc::pool: the driver refused " + property + ": creating one granule (" +
-                             std::to_string(g) + " bytes) with it failed when the pool was made";
-    if (dynamic_cast<const not_supported*>(&e) != nullptr) throw not_supported(what + " (" + e.what() + ")");
-    throw cuda_error(e.code(), e.call(), what);
   }
 
   /// The part of an out-of-memory message that blames the addresses, when they are short:
