@@ -5,13 +5,15 @@
 //   2. churn   streams made, used (allocate + free 4 KiB) and destroyed, one after another, a
 //              million of them: us per stream over each block of 1,000, the records streamalloc
 //              holds, and the host memory the process holds
+//   2b. raw    as 2 with raw handles (cudaStreamCreate), which CUDA never says are destroyed:
+//              us per stream, the pool's reserved memory and the records held
 //   3. live    L live blocks (256 B .. 4 KiB, one stream): ns per allocate, then per free,
 //              at L = 1,000 .. 1,000,000, and the floor under a coalescing free at each L
 //              (free_floor.hpp): how much of the growth the memory hierarchy alone makes
 //   4. pools   pools made one after another, each allocating and growing a buffer in place,
 //              until 4,096 or the first failure
 //
-//   bench_scale [--quick] [--json FILE] [--only ring,churn,live,pools]
+//   bench_scale [--quick] [--json FILE] [--only ring,churn,raw,live,pools]
 
 #include <streamalloc/detail/pool/capture.hpp>
 #include <streamalloc/pool.hpp>
@@ -244,6 +246,97 @@ void churn() {
   BENCH_CHECK(cudaMemPoolDestroy(dp));
 }
 
+// --- 2b. raw stream churn ----------------------------------------------------------------------
+
+// As 2, with raw handles (cudaStreamCreate, as CuPy and servers make them), which CUDA never
+// says are destroyed. Each stream frees 4 KiB, and every third one 1 MiB too: what a destroyed
+// stream's last frees leave waiting is bounded by the events the pool records while it has the
+// handle, and a stream met under a destroyed one's handle retires that one (docs/pool.md).
+void raw_churn() {
+  const int total = quick ? 4000 : 200000, driver_total = quick ? 4000 : 16000, block = 1000;
+  std::printf("\n2b. raw streams made, used (4 KiB, every third also 1 MiB) and destroyed: us per stream over blocks "
+              "of %d\n",
+              block);
+  std::printf("%10s %12s %14s %10s %10s %12s %14s\n", "made so far", "streamalloc", "reserved MiB", "records",
+              "handles", "driver", "reserved MiB");
+  streamalloc::pool pool(bench::kept());
+  cudaMemPool_t dp = bench::make_driver_pool();
+  const auto held0 = library_held();
+  std::vector<double> ours, async;
+  std::vector<std::size_t> reserved, records, handles, reserved_async;
+  const auto use = [](auto&& allocate, auto&& free, int i) {
+    void* a = allocate(4 * KiB);
+    void* b = i % 3 == 0 ? allocate(MiB) : nullptr;
+    free(a);
+    if (b != nullptr) free(b);
+  };
+  for (int done = 0; done < total; done += block) {
+    auto t = clk::now();
+    for (int i = 0; i < block; ++i) {
+      cudaStream_t s;
+      BENCH_CHECK(cudaStreamCreate(&s));
+      const streamalloc::stream_ref r{s};
+      use([&](std::size_t n) { return pool.allocate(n, r); }, [&](void* p) { pool.deallocate(p, r); }, i);
+      BENCH_CHECK(cudaStreamDestroy(s));
+    }
+    ours.push_back(seconds_since(t) * 1e6 / block);
+    reserved.push_back(pool.statistics().reserved_current);
+    const auto held = library_held();
+    records.push_back(held.records);
+    handles.push_back(held.handles);
+  }
+  for (int done = 0; done < driver_total; done += block) {
+    auto t = clk::now();
+    for (int i = 0; i < block; ++i) {
+      cudaStream_t s;
+      BENCH_CHECK(cudaStreamCreate(&s));
+      use(
+          [&](std::size_t n) {
+            void* p;
+            BENCH_CHECK(cudaMallocFromPoolAsync(&p, n, dp, s));
+            return p;
+          },
+          [&](void* p) { BENCH_CHECK(cudaFreeAsync(p, s)); }, i);
+      BENCH_CHECK(cudaStreamDestroy(s));
+    }
+    async.push_back(seconds_since(t) * 1e6 / block);
+    std::uint64_t r = 0;
+    BENCH_CHECK(cudaMemPoolGetAttribute(dp, cudaMemPoolAttrReservedMemCurrent, &r));
+    reserved_async.push_back(r);
+  }
+  std::size_t reserved_max = 0;
+  for (std::size_t k = 0; k < ours.size(); ++k) {
+    reserved_max = std::max(reserved_max, reserved[k]);
+    const int made = static_cast<int>(k + 1) * block;
+    const int m = made / block;
+    if (k >= async.size() && (m & (m - 1)) != 0 && k + 1 != ours.size()) continue;
+    const bool drv = k < async.size();
+    std::printf("%10d %12.1f %14.1f %10zu %10zu", made, ours[k], static_cast<double>(reserved[k]) / MiB, records[k],
+                handles[k]);
+    if (drv) std::printf(" %12.1f %14.1f", async[k], static_cast<double>(reserved_async[k]) / MiB);
+    std::printf("\n");
+    std::string fields = "\"streams_made\": " + std::to_string(made) + ", \"streamalloc_us\": " + std::to_string(ours[k]) +
+                         ", \"streamalloc_reserved\": " + std::to_string(reserved[k]) +
+                         ", \"streamalloc_records\": " + std::to_string(records[k]) +
+                         ", \"streamalloc_handles\": " + std::to_string(handles[k]);
+    if (drv) {
+      fields += ", \"cudaMallocAsync_us\": " + std::to_string(async[k]) +
+                ", \"driver_reserved\": " + std::to_string(reserved_async[k]);
+    }
+    json_row("raw_churn_" + std::to_string(made), fields);
+  }
+  std::printf("   last block / first block: streamalloc %.2fx over %d streams, driver %.2fx over %d; streamalloc's "
+              "reserved at most %.1f MiB; records %zu before, %zu after\n",
+              ours.back() / ours.front(), total, async.back() / async.front(), driver_total,
+              static_cast<double>(reserved_max) / MiB, held0.records, records.back());
+  json_row("raw_churn_summary", "\"streams_made\": " + std::to_string(total) + ", \"last_over_first\": " +
+                                    std::to_string(ours.back() / ours.front()) + ", \"reserved_max\": " +
+                                    std::to_string(reserved_max) + ", \"records_before\": " +
+                                    std::to_string(held0.records) + ", \"records_after\": " +
+                                    std::to_string(records.back()));
+  BENCH_CHECK(cudaMemPoolDestroy(dp));
+}
+
 // --- 3. live blocks ---------------------------------------------------------------------------
 
 void live_blocks() {
@@ -345,6 +438,7 @@ int main(int argc, char** argv) {
   if (want("live")) live_blocks();
   if (want("ring")) ring();
   if (want("pools")) many_pools();
+  if (want("raw")) raw_churn();
   if (want("churn")) churn();
   if (!json.empty()) {
     std::ofstream out(json);

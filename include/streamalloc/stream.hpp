@@ -17,6 +17,7 @@
 #include <cuda/stream_ref>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <array>
 #include <concepts>
 #include <cstddef>
@@ -25,6 +26,7 @@
 #include <stdexcept>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace streamalloc {
 
@@ -105,6 +107,46 @@ class recent_streams {
   std::size_t next_ = 0;
 };
 
+/// The per-thread default streams a thread met, one per context. CUDA destroys them when the
+/// thread ends, and from then on no call can name them (the handle names another thread's
+/// stream everywhere else), so they are retired then, as a `stream` is when destroyed: a
+/// process whose threads come and go keeps records and pool states for the threads alive.
+/// Not from the thread's end itself: the driver's and other libraries' thread-local state may
+/// be gone by then, so the ids are handed to the registry, which retires them at its next
+/// chance (ordering.hpp, note_gone), without using their handles.
+class per_thread_streams {
+ public:
+  static per_thread_streams& of_this_thread() {
+    thread_local per_thread_streams streams;
+    return streams;
+  }
+  void add(std::uint64_t id) {
+    if (std::find(ids_.begin(), ids_.end(), id) == ids_.end()) ids_.push_back(id);
+  }
+  per_thread_streams() = default;
+  per_thread_streams(const per_thread_streams&) = delete;
+  per_thread_streams& operator=(const per_thread_streams&) = delete;
+  ~per_thread_streams() {
+    for (const std::uint64_t id : ids_) ordering().note_gone(id);
+  }
+
+ private:
+  std::vector<std::uint64_t> ids_;
+};
+
+/// Tells the registry which stream raw handle `s` names: stream `id`, met for the first time. A stream that handle named before is gone, and is retired (ordering.hpp,
+/// note_handle). The per-thread default stream's handle names a stream of each thread: it is
+/// retired when its thread ends instead. The legacy default stream is never destroyed.
+inline void note_stream_handle(CUstream s, std::uint64_t id) {
+  ordering().retire_found_gone();  // ended threads' streams, while a new stream is met
+  if (is_legacy_handle(s)) return;
+  if (is_per_thread_handle(s)) {
+    per_thread_streams::of_this_thread().add(id);
+    return;
+  }
+  if (const std::uint64_t gone = ordering().note_handle(s, id); gone != 0) ordering().retire_gone(gone);
+}
+
 /// The ordering record of stream `id`, whose handle is `s`, made on first use.
 inline stream_record& record_of_stream(CUstream s, std::uint64_t id) {
   stream_record& r = ordering().record(id);
@@ -113,6 +155,7 @@ inline stream_record& record_of_stream(CUstream s, std::uint64_t id) {
     const relaxed_capture_mode relaxed;
     CUcontext ctx = nullptr;
     cu::cuStreamGetCtx(s, &ctx);
+    note_stream_handle(s, id);
     CUdevice d{};
     CUresult res = CUDA_SUCCESS;
     {
@@ -360,6 +403,7 @@ class stream {
   void reset() noexcept {
     if (stream_ == nullptr) return;
     // Pools stop recording events on the stream once it is gone (its id never returns).
+    detail::ordering().forget_handle(stream_, record_->id());
     detail::ordering().retire(record_->id());
     (void)detail::cu::cuStreamDestroy_nothrow(stream_);
     stream_ = nullptr;
@@ -397,8 +441,9 @@ class event_ref {
       detail::check(detail::cu::cuEventRecord_nothrow(event_, s.get()), "cuEventRecord");
       return;
     }
+    detail::stream_record& r = s.record();  // before the lock: meeting a stream may retire another
     std::lock_guard lock(state_->mutex);
-    s.record().capture_into(state_->next);  // into storage kept for it: no allocation per record
+    r.capture_into(state_->next);  // into storage kept for it: no allocation per record
     detail::check(detail::cu::cuEventRecord_nothrow(event_, s.get()), "cuEventRecord");
     std::swap(state_->point, state_->next);
   }
@@ -611,6 +656,7 @@ inline stream_order order_after(stream_ref later, stream_ref earlier) {
  * @throws cuda_error
  */
 inline host_order synchronize_device(int device) {
+  detail::ordering().retire_found_gone();  // ended threads' streams: this synchronization frees them
   const std::uint64_t sync = detail::ordering().begin_device_sync(device);
   auto points = detail::ordering().begin_synchronize_all();
   std::erase_if(points, [device](auto& p) { return p.first->device() != device; });

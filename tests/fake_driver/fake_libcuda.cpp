@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <climits>
 #include <condition_variable>
@@ -687,7 +688,17 @@ CUresult fake_cuStreamGetId(CUstream s, unsigned long long* id) {
   const auto v = reinterpret_cast<std::uintptr_t>(s);
   if (v <= 2) {  // the default streams of the current context: other streams in each context
     if (CUresult r = need_context()) return r;
-    *id = 1 + v + 4 * static_cast<unsigned long long>(std::max(0, device_of(current_context)));
+    const auto device = static_cast<unsigned long long>(std::max(0, device_of(current_context)));
+    if (s == CU_STREAM_PER_THREAD) {
+      // As on the GPU: each thread's per-thread default stream is a stream of its own, with
+      // an id no other stream ever has.
+      thread_local std::array<unsigned long long, 16> per_thread_ids{};
+      unsigned long long& mine = per_thread_ids[device % per_thread_ids.size()];
+      if (mine == 0) mine = next_stream_id++;
+      *id = mine;
+      return CUDA_SUCCESS;
+    }
+    *id = 1 + v + 4 * device;
     return CUDA_SUCCESS;
   }
   // As measured on the H100 (driver 580): refused for a capturing stream, in every mode.

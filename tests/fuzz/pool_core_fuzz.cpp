@@ -820,6 +820,9 @@ class harness {
       order_after(fs, l.owner);
     }
     TRACE("deallocate(%#llx, %llu bytes of stream %zu) on stream %zu", ull(addr), ull(l.size), l.owner, fs);
+    // The free takes its place in the stream's order as the call is made, as cudaFreeAsync's
+    // does: an event the pool records on the stream during the call comes after it.
+    const auto op = enqueue(fs);
     current_ = key_of(fs);
     try {
       pool_->deallocate(addr, key_of(fs));
@@ -828,7 +831,7 @@ class harness {
     }
     current_ = {};
     live_.erase(addr);
-    history_.push_back({l.addr, l.size, fs, enqueue(fs)});
+    history_.push_back({l.addr, l.size, fs, op});
     remember_freed(l.addr);
   }
 

@@ -19,6 +19,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
@@ -31,6 +32,8 @@ using namespace streamalloc;
 using namespace streamalloc_test;
 
 namespace {
+
+constexpr std::size_t KiB = 1024;
 
 // The per-thread default stream goes by one handle on every thread. Another thread's idle
 // per-thread stream (queried, synchronized) must prove nothing about this thread's, in both
@@ -142,6 +145,87 @@ void raw_stream_destroyed_in(const config& cfg) {
 
 CHILD_CASE(raw_stream_destroyed) {
   for (const config& cfg : configs(8 * MiB)) raw_stream_destroyed_in(cfg);
+}
+
+// Raw streams made, used and destroyed one after another (a server's per-request streams,
+// CuPy's), and threads that each use their per-thread default stream and end, all while a
+// destroyed stream's kernel still runs over memory freed behind it. CUDA never tells the pool
+// that these streams are gone: none of them may be handed the running kernel's memory, the pool
+// may not grow with every stream made (each stream's last frees used to wait in its cache for
+// good), and what the library holds for them returns after a device-wide synchronization.
+void stream_churn_in(const config& cfg) {
+  note("pool: %s", cfg.name);
+  const std::size_t bytes = 8 * MiB;
+  pool p(cfg.props);
+  device_counters c(1);
+  const auto held_before = detail::ordering().census();
+  cudaStream_t s0 = nullptr;
+  CHILD_CUDA(cudaStreamCreate(&s0));
+  void* x = p.allocate(bytes, stream_ref{s0});
+  const long_use u = start_long_use(x, bytes, 2000, s0, c.slot(0), 4 * long_ns);
+  p.deallocate(x, stream_ref{s0});
+  CHILD_CUDA(cudaStreamDestroy(s0));  // legal with work queued: the kernel runs on
+
+  constexpr int streams = 1000;
+  int same_handle = 0, checked = 0;
+  std::size_t reserved_high = 0;
+  for (int i = 0; i < streams; ++i) {
+    cudaStream_t s = nullptr;
+    CHILD_CUDA(cudaStreamCreate(&s));
+    same_handle += s == s0 ? 1 : 0;
+    const std::size_t small = 64 * KiB * static_cast<std::size_t>(1 + i % 4);
+    void* y = p.allocate(bytes, stream_ref{s});
+    void* z = p.allocate(small, stream_ref{s});
+    expect_not_reused_while_running(y, bytes, u, 1, strf("raw stream %d", i));
+    expect_not_reused_while_running(z, small, u, 1, strf("raw stream %d, small", i));
+    fill_async(y, bytes, 3000 + static_cast<std::uint32_t>(i), s);
+    CHILD_LAUNCHED("fill_async");
+    if (i % 100 == 0) {
+      CHILD_EXPECT(mismatches_on(y, bytes, 3000 + static_cast<std::uint32_t>(i), s) == 0, 2,
+                   "a raw stream's allocation lost its data before its own free");
+      ++checked;
+    }
+    p.deallocate(z, stream_ref{s});
+    p.deallocate(y, stream_ref{s});
+    CHILD_CUDA(cudaStreamDestroy(s));
+    reserved_high = std::max(reserved_high, p.statistics().reserved_current);
+  }
+  const bool still_running = u.running();
+  note("%d raw streams made and destroyed (%d got the first one's handle); reserved high %zu MiB; the long kernel "
+       "%s",
+       streams, same_handle, reserved_high / MiB, still_running ? "still runs" : "has finished");
+  // Each stream's 8 MiB free is covered by an event recorded during the free, so the next
+  // streams reuse it once its fill has run: the pool holds a few times the working set, where
+  // it held every stream's last frees before (8 GiB here).
+  CHILD_EXPECT(reserved_high <= 512 * MiB, 3, "the pool grew with every raw stream made and destroyed");
+
+  // Threads that each use their per-thread default stream once, and end.
+  for (int t = 0; t < 32; ++t) {
+    on_new_thread([&] {
+      CHILD_CUDA(cudaSetDevice(0));
+      const stream_ref mine = stream_ref::per_thread_default();
+      void* y = p.allocate(MiB, mine);
+      expect_not_reused_while_running(y, MiB, u, 4, strf("thread %d's per-thread default stream", t));
+      fill_async(y, MiB, 4000 + static_cast<std::uint32_t>(t), cudaStreamPerThread);
+      CHILD_LAUNCHED("fill_async");
+      p.deallocate(y, mine);
+    });
+  }
+  expect_device_ok(5, "raw streams and threads coming and going while a destroyed stream's kernel ran");
+  expect_completed(u, 6, "the destroyed stream's kernel");  // 6, 7
+  p.synchronize();  // device-wide: what only it could prove complete returns
+  const auto held_after = detail::ordering().census();
+  note("ordering records %zu before, %zu after; raw handles known %zu before, %zu after", held_before.records,
+       held_after.records, held_before.handles, held_after.handles);
+  CHILD_EXPECT(held_after.records <= held_before.records + 1 + detail::recent_streams::size, 8,
+               "the records of destroyed raw streams and ended threads stayed");
+  CHILD_EXPECT(held_after.handles <= held_before.handles + 1, 9, "destroyed raw streams' handles stayed known");
+  CHILD_EXPECT(p.statistics().used_current == 0, 10, "live bytes left after every stream freed its own");
+  CHILD_EXPECT(checked == streams / 100, 11, "not every sampled allocation was checked");
+}
+
+CHILD_CASE(stream_churn) {
+  for (const config& cfg : configs(8 * MiB)) stream_churn_in(cfg);
 }
 
 // A moved-from stream: device() throws instead of reading freed state; the stream lives on in
@@ -422,6 +506,9 @@ TEST_CASE("lifetime: per_thread_default: another thread's idle per-thread stream
 }
 TEST_CASE("lifetime: raw_stream_destroyed: a new stream with the destroyed stream's handle proves nothing") {
   expect_child_passes("raw_stream_destroyed");
+}
+TEST_CASE("lifetime: stream_churn: raw streams and threads come and go behind a running kernel, at bounded cost") {
+  expect_child_passes("stream_churn");
 }
 TEST_CASE("lifetime: moved_from_stream: device() throws, the moved stream keeps its frees ordered") {
   expect_child_passes("moved_from_stream");

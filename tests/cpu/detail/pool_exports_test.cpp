@@ -142,7 +142,7 @@ TEST_CASE("the freeing stream's state outlives the stream while an import holds 
   const auto e = f.pool->export_block(p);
   block* held = f.pool->import_block(p, e.serial, 4096);
   f.pool->deallocate(p, s.key());
-  f.pool->on_retire(s.record->id());
+  f.pool->on_retire(s.record->id(), true);
   ordering().retire(s.record->id());
   CHECK(f.pool->stream_states().in_use >= 1);
   f.pool->release_import(held);  // back in the retired stream's order

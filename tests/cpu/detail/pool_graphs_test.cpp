@@ -189,7 +189,7 @@ TEST_CASE("a stream retired while a graph holds a block it freed keeps its state
   f.pool->deallocate(g, freer.key());  // after a launch (not seen: a raw one), freed on `freer`
   f.pool->deallocate(g, freer.key());  // freed again after another raw launch: the newer free counts
   f.dev->busy.insert(freer.native);  // the work the free is ordered after has not run
-  f.pool->on_retire(freer.record->id());  // the stream's last moment: an event covers the free
+  f.pool->on_retire(freer.record->id(), true);  // the stream's last moment: an event covers the free
   f.release(6);
   // Pending on the retired stream, whose state stayed for it: not clear yet.
   CHECK(f.pool->statistics().free_pending >= MiB);  // with the clear rest of its chunk

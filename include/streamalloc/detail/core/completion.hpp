@@ -97,9 +97,16 @@ class completion_tracker {
         st.newest_stamp <= st.record->completed()) {
       return;
     }
+    record_on(st, s);
+  }
+
+  /// Records an event on `s` (the stream of the call in progress, whose state is `st`, known
+  /// not capturing) covering every free made on it so far, cached ones included.
+  void record_on(state& st, const stream_key& s) {
     const clock_snapshot point = st.record->capture();
     st.events.push_back({backend_.record(s), point.epoch});
-    st.last_event_epoch = point.epoch;
+    st.last_event_epoch = std::max(st.last_event_epoch, point.epoch);
+    st.uncovered_bytes.store(0, std::memory_order_relaxed);
   }
 
   /// An event on `st`'s stream covering its frees up to the returned epoch: recorded now when
@@ -107,10 +114,8 @@ class completion_tracker {
   /// recorded while the stream was in hand. 0: there is none.
   std::uint64_t latest_cover(state& st) {
     if (void* native = handle_now(st, stream_key{})) {
-      const clock_snapshot point = st.record->capture();
-      st.events.push_back({backend_.record({st.record.get(), native}), point.epoch});
-      st.last_event_epoch = std::max(st.last_event_epoch, point.epoch);
-      return point.epoch;
+      record_on(st, {st.record.get(), native});
+      return st.last_event_epoch;
     }
     return st.events.empty() ? 0 : st.events.back().epoch;
   }

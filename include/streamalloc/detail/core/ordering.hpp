@@ -311,8 +311,10 @@ class alignas(128) stream_record {
 class completion_listener {
  public:
   virtual void on_synchronize(std::uint64_t stream) noexcept = 0;
-  /// The stream is about to be destroyed: record nothing on it after this returns.
-  virtual void on_retire(std::uint64_t stream) noexcept = 0;
+  /// The stream is about to be destroyed, or is gone: record nothing on it after this returns.
+  /// `handle_valid`: its handle may still be used during this call (a `stream` being
+  /// destroyed); false for a raw stream found destroyed after the fact (retire_gone).
+  virtual void on_retire(std::uint64_t stream, bool handle_valid) noexcept = 0;
 
  protected:
   ~completion_listener() = default;
@@ -467,7 +469,53 @@ class ordering_registry {
 
   /// Stream `id` is being destroyed (by streamalloc's `stream`); listeners let go of it.
   /// Held meanwhile, so that the record is dropped here, at the end, if nothing else holds it.
-  inline void retire(std::uint64_t id);
+  /// `handle_valid`: listeners may still use the stream's handle during the call.
+  inline void retire(std::uint64_t id, bool handle_valid = true);
+
+  /// Raw stream handles and the stream each named when streamalloc first met that stream.
+  /// CUDA gives a destroyed stream's handle to a stream made later, and two live streams never
+  /// share one; so a handle met again naming another stream is the news that the stream it
+  /// named before is gone, which is how streamalloc learns that a raw stream (or a thread's
+  /// per-thread default stream, see stream.hpp) was destroyed. Returns the id `handle` named
+  /// before, if it named another stream (the caller retires it: retire_gone), else 0.
+  std::uint64_t note_handle(const void* handle, std::uint64_t id) {
+    std::lock_guard lock(handles_mutex_);
+    auto [it, inserted] = handles_.try_emplace(handle, id);
+    if (inserted || it->second == id) return 0;
+    return std::exchange(it->second, id);
+  }
+  /// `handle` no longer names stream `id` (a `stream` destroying its own).
+  void forget_handle(const void* handle, std::uint64_t id) noexcept {
+    std::lock_guard lock(handles_mutex_);
+    if (auto it = handles_.find(handle); it != handles_.end() && it->second == id) handles_.erase(it);
+  }
+  /// Stream `id` was destroyed without streamalloc being told (its handle now names another
+  /// stream, or its thread ended): as retire, without using its handle, which is gone.
+  void retire_gone(std::uint64_t id) { retire(id, /*handle_valid=*/false); }
+
+  /// Stream `id` is gone, learned where nothing may be done about it yet (a thread ending:
+  /// the driver's and other thread-local state may be gone): retired, as by retire_gone, at
+  /// the next retire_found_gone. Out of host memory, it is never retired, which is safe.
+  void note_gone(std::uint64_t id) noexcept {
+    try {
+      std::lock_guard lock(gone_mutex_);
+      gone_.push_back(id);
+      gone_waiting_.store(true, std::memory_order_release);
+    } catch (...) {
+    }
+  }
+  /// Retires the streams note_gone was told of (called where streams are met, and before a
+  /// device-wide synchronization). Nothing to do costs one load.
+  void retire_found_gone() {
+    if (!gone_waiting_.load(std::memory_order_acquire)) [[likely]] return;
+    std::vector<std::uint64_t> ids;
+    {
+      std::lock_guard lock(gone_mutex_);
+      ids.swap(gone_);
+      gone_waiting_.store(false, std::memory_order_relaxed);
+    }
+    for (const std::uint64_t id : ids) retire_gone(id);
+  }
 
   void add_listener(completion_listener* l) {
     std::lock_guard lock(listener_mutex_);
@@ -487,14 +535,19 @@ class ordering_registry {
     return follow_events && user.ordered_after(freed_on) >= stamp;
   }
 
-  /// What the registry holds: records, and clock entries in all of them.
+  /// What the registry holds: records, clock entries in all of them, raw handles known.
   struct census_counts {
-    std::size_t records = 0, clock_entries = 0;
+    std::size_t records = 0, clock_entries = 0, handles = 0;
   };
   [[nodiscard]] census_counts census() {
-    std::shared_lock lock(mutex_);
-    census_counts c{records_.size(), 0};
-    for (auto& [id, r] : records_) c.clock_entries += r->clock_entries();
+    census_counts c;
+    {
+      std::shared_lock lock(mutex_);
+      c.records = records_.size();
+      for (auto& [id, r] : records_) c.clock_entries += r->clock_entries();
+    }
+    std::lock_guard lock(handles_mutex_);
+    c.handles = handles_.size();
     return c;
   }
 
@@ -536,6 +589,11 @@ class ordering_registry {
   std::uint64_t epoch_floor_ = 0;  // the highest epoch of a dropped record
   std::mutex listener_mutex_;
   std::vector<completion_listener*> listeners_;
+  std::mutex gone_mutex_;
+  std::vector<std::uint64_t> gone_;  // note_gone's, not retired yet
+  std::atomic<bool> gone_waiting_{false};
+  std::mutex handles_mutex_;
+  std::unordered_map<const void*, std::uint64_t> handles_;  // raw handle -> the stream it names
   static constexpr int counted_devices = 64;
   static bool in_range(int device) noexcept { return device >= 0 && device < counted_devices; }
   std::atomic<std::uint64_t> syncs_begun_{0};
@@ -581,15 +639,16 @@ class record_ref {
   stream_record* r_ = nullptr;
 };
 
-inline void ordering_registry::retire(std::uint64_t id) {
+inline void ordering_registry::retire(std::uint64_t id, bool handle_valid) {
   const record_ref keep(record(id));
+  if (keep->retired()) return;  // told twice (a handle met again after its stream retired)
   keep->mark_retired();
   std::vector<completion_listener*> copy;
   {
     std::lock_guard lock(listener_mutex_);
     copy = listeners_;
   }
-  for (auto* l : copy) l->on_retire(id);
+  for (auto* l : copy) l->on_retire(id, handle_valid);
 }
 
 inline std::vector<std::pair<record_ref, std::uint64_t>> ordering_registry::begin_synchronize_all() {

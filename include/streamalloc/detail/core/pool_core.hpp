@@ -202,20 +202,36 @@ class pool_core final : public completion_listener {
       throw std::invalid_argument(explain_bad_free(p));
     }
     const std::uint64_t stamp = st.record->stamp();
+    const std::uint64_t size = b->size;
     b->stream = st.record->id();
     b->stamp = stamp;
+    bool cached = false;
     {
       std::lock_guard lock(st.lock);
-      streams_.account_free(st, b->size);
-      if (st.cache.count() < max_cached_blocks && st.cache_bytes + b->size <= cache_limit()) {
+      streams_.account_free(st, size);
+      if (st.cache.count() < max_cached_blocks && st.cache_bytes + size <= cache_limit()) {
         set_state(b, block_state::cached);
         st.cache.insert(b);
-        st.cache_bytes += b->size;
-        return;
+        st.cache_bytes += size;
+        cached = true;
       }
     }
-    std::lock_guard lock(mutex_);
-    free_pending(b, st);
+    if (!cached) {
+      std::lock_guard lock(mutex_);
+      free_pending(b, st);
+    }
+    // A raw or per-thread stream may be destroyed right after this call without the pool
+    // hearing of it, and its handle given to another stream: only an event recorded now, while
+    // the handle is in hand, can ever prove these frees complete short of a device-wide
+    // synchronization. One event per stream_table::cover_limit() bytes freed bounds what a
+    // destroyed stream leaves waiting (a `stream`'s last event is recorded as it is destroyed).
+    if (s.native != nullptr && !st.record->handle_stable()) {
+      if (st.uncovered_bytes.fetch_add(size, std::memory_order_relaxed) + size > streams_.cover_limit()) {
+        const capture_guard relaxed(backend_);
+        std::lock_guard lock(mutex_);
+        completion_.record_on(st, s);
+      }
+    }
   }
 
   /// Makes the live allocation at `p` at least `bytes` long without moving it, in the order
@@ -404,6 +420,10 @@ class pool_core final : public completion_listener {
     return {streams_.in_use(), streams_.made()};
   }
 
+  /// Bytes a raw or per-thread stream may free before the pool records an event on it now
+  /// (stream_table::cover_limit).
+  [[nodiscard]] std::uint64_t cover_limit() const noexcept { return streams_.cover_limit(); }
+
   /// The live block starting at or containing `p`, if any: (start, size).
   std::optional<std::pair<std::uint64_t, std::uint64_t>> find_live(std::uint64_t p) {
     if (block* b = live_.find(p)) return std::pair{b->addr, b->size};
@@ -441,11 +461,13 @@ class pool_core final : public completion_listener {
     release_free_chunks(keep);
   }
 
-  /// The stream is going away. The last moment its handle may be used: its cached frees join
-  /// its pending bins, and one query says whether it is idle (then they are complete, and its
-  /// state is free for another stream at once); if not, one last event covers them. Nothing is
-  /// recorded on it afterwards.
-  void on_retire(std::uint64_t stream) noexcept override {
+  /// The stream is going away. The last moment its handle may be used (`handle_valid`): its
+  /// cached frees join its pending bins, and one query says whether it is idle (then they are
+  /// complete, and its state is free for another stream at once); if not, one last event
+  /// covers them. Nothing is recorded on it afterwards. A raw stream found destroyed after the
+  /// fact (its handle names another stream now) is not touched: its frees wait for the events
+  /// recorded while it was in hand (see deallocate), or a device-wide synchronization.
+  void on_retire(std::uint64_t stream, bool handle_valid) noexcept override {
     const capture_guard relaxed(backend_);
     std::lock_guard lock(mutex_);
     state* found = streams_.find(stream);
@@ -453,7 +475,9 @@ class pool_core final : public completion_listener {
     state& st = *found;
     try {
       flush_cache(st);
-      if (st.native != nullptr) settle(st, /*query_events=*/true, stream_key{st.record.get(), st.native});
+      if (handle_valid && st.native != nullptr) {
+        settle(st, /*query_events=*/true, stream_key{st.record.get(), st.native});
+      }
     } catch (...) {
       // No event: the stream's pending frees wait for a device-wide synchronization.
     }
@@ -475,6 +499,9 @@ class pool_core final : public completion_listener {
         streams_.for_each([&](state& st) { flush_cache(st); });
         settle_all(false, stream_key{});
         clear_after_device_idle();
+        // Retired streams whose last frees only this could prove complete (raw streams found
+        // destroyed, threads that ended) give back their states and records now.
+        if (streams_.has_retiring()) recycle_retired();
       } else if (state* st = streams_.find(stream)) {
         flush_cache(*st);
         settle(*st, false, stream_key{});

@@ -48,6 +48,7 @@ struct alignas(128) stream_state {
     last_event_epoch = 0;
     newest_stamp = 0;
     held_frees = 0;
+    uncovered_bytes.store(0, std::memory_order_relaxed);
     live_bytes.store(0, std::memory_order_relaxed);
     live_count.store(0, std::memory_order_relaxed);
     peak_seen.store(0, std::memory_order_relaxed);
@@ -69,6 +70,13 @@ struct alignas(128) stream_state {
   std::uint32_t held_frees = 0;
   /// Frees on this stream not yet known complete, or whose completion is still to be learned.
   [[nodiscard]] bool has_frees() const noexcept { return !pending.empty() || held_frees != 0; }
+  /// Bytes freed on this stream since the pool last recorded an event on it: for a stream
+  /// whose handle the pool may not use later, what would wait for a device-wide
+  /// synchronization if the stream were destroyed now (pool_core.hpp, deallocate). Relaxed:
+  /// only compared with a limit.
+  std::atomic<std::uint64_t> uncovered_bytes{0};
+  /// Counted in the table's states of streams whose handles it may not keep (raw, per-thread).
+  bool counted_unkept = false;
   std::atomic<std::int64_t> live_bytes{0};
   std::atomic<std::int64_t> live_count{0};
   // Read and written on the fast path (under `lock`) and on the slow path (under the pool
@@ -144,8 +152,24 @@ class stream_table {
     return false;
   }
 
+  /// How many bytes a stream whose handle the pool may not keep (raw, per-thread) may free
+  /// before the pool records an event on it, covering them. CUDA cannot tell the pool that
+  /// such a stream was destroyed, so what it freed after the pool's last event on it could
+  /// only be proven complete by a device-wide synchronization. While the pool holds states
+  /// for at most 16 such streams (those in use, and those found destroyed whose last frees
+  /// still wait), an event per 256 KiB freed (per 64 frees of 4 KiB); beyond that, an event
+  /// at every free, about 200 ns on an H100. So at most 16 destroyed streams' last frees, and
+  /// 4 MiB, ever wait for a device-wide synchronization, however many streams come and go.
+  /// Read on the fast path without the pool lock.
+  [[nodiscard]] std::uint64_t cover_limit() const noexcept { return cover_limit_.load(std::memory_order_relaxed); }
+  [[nodiscard]] static constexpr std::uint64_t cover_limit_for(std::uint64_t unkept_streams) noexcept {
+    return unkept_streams <= 16 ? 256ull << 10 : 0;
+  }
+
   /// States in use, and states made in all (each in use or kept for reuse).
   [[nodiscard]] std::size_t in_use() const noexcept { return in_use_.size(); }
+  /// States in use whose streams' handles the pool may not keep.
+  [[nodiscard]] std::size_t unkept_in_use() const noexcept { return unkept_; }
   [[nodiscard]] std::size_t made() const noexcept { return store_.size(); }
 
   /// The stream with record id `id` is gone: its state is taken back by the next
@@ -171,6 +195,7 @@ class stream_table {
       folded_bytes_.fetch_add(st.live_bytes.exchange(0, std::memory_order_relaxed), std::memory_order_relaxed);
       folded_count_.fetch_add(st.live_count.exchange(0, std::memory_order_relaxed), std::memory_order_relaxed);
       spare_.push_back(&st);
+      count_unkept(st, false);
       st.record->set_hint(serial_, nullptr);  // the state will serve another stream
       st.record.reset();  // the last holder perhaps: the stream's record goes
       in_use_.erase(it);
@@ -237,17 +262,28 @@ class stream_table {
   /// when there is one. So the list walked without the lock (by the accounting above) only
   /// grows when the number of streams in use at once does.
   state* make_state(stream_key s) {
+    state* st = nullptr;
     if (!spare_.empty()) {
-      state* st = spare_.back();
+      st = spare_.back();
       spare_.pop_back();
       st->reuse(s);
-      return st;
+    } else {
+      store_.push_back(std::make_unique<state>(s));
+      st = store_.back().get();
+      st->next_made = head_.load(std::memory_order_relaxed);
+      head_.store(st, std::memory_order_release);  // readers see it whole
     }
-    store_.push_back(std::make_unique<state>(s));
-    state* st = store_.back().get();
-    st->next_made = head_.load(std::memory_order_relaxed);
-    head_.store(st, std::memory_order_release);  // readers see it whole
+    // A stream streamalloc owns says so before any pool meets it (stream.hpp).
+    count_unkept(*st, !s.record->handle_stable());
     return st;
+  }
+
+  /// Counts `st` among the states of streams whose handles the pool may not keep, or stops.
+  void count_unkept(state& st, bool unkept) noexcept {
+    if (st.counted_unkept == unkept) return;
+    st.counted_unkept = unkept;
+    unkept_ = unkept ? unkept_ + 1 : unkept_ - 1;
+    cover_limit_.store(cover_limit_for(unkept_), std::memory_order_relaxed);
   }
 
   std::uint64_t serial_;
@@ -256,6 +292,8 @@ class stream_table {
   std::atomic<state*> head_{nullptr};                 // the same, for lock-free walks
   std::vector<state*> spare_;                         // retired and drained: for new streams
   std::vector<std::uint64_t> retiring_;               // retired, frees still pending
+  std::size_t unkept_ = 0;                            // states with counted_unkept
+  std::atomic<std::uint64_t> cover_limit_{cover_limit_for(0)};
   std::atomic<std::int64_t> folded_bytes_{0}, folded_count_{0};  // recycled states' accounting
   std::atomic<std::uint64_t> used_high_{0};
 };
