@@ -72,11 +72,7 @@ class completion_tracker {
     if (query_events) {
       // One event per stream per look, not one per free.
       if (native != nullptr) cover(st, {st.record.get(), native});
-      while (!st.events.empty() && backend_.done(st.events.front().ev)) {
-        st.record->mark_completed(st.events.front().epoch);
-        backend_.destroy(st.events.front().ev);
-        st.events.pop_front();
-      }
+      reap(st);
     }
     const std::uint64_t done = st.record->completed();
     if (done == 0 || st.pending.empty()) return;
@@ -103,10 +99,23 @@ class completion_tracker {
   /// Records an event on `s` (the stream of the call in progress, whose state is `st`, known
   /// not capturing) covering every free made on it so far, cached ones included.
   void record_on(state& st, const stream_key& s) {
+    // A stream that only ever takes its fast path is never settled: its completed events are
+    // given back here, or they would pile up (each a new CUevent).
+    reap(st);
     const clock_snapshot point = st.record->capture();
     st.events.push_back({backend_.record(s), point.epoch});
     st.last_event_epoch = std::max(st.last_event_epoch, point.epoch);
     st.uncovered_bytes.store(0, std::memory_order_relaxed);
+  }
+
+  /// The events at the front of `st`'s list that have completed: what they cover is marked
+  /// complete, and they are given back.
+  void reap(state& st) {
+    while (!st.events.empty() && backend_.done(st.events.front().ev)) {
+      st.record->mark_completed(st.events.front().epoch);
+      backend_.destroy(st.events.front().ev);
+      st.events.pop_front();
+    }
   }
 
   /// An event on `st`'s stream covering its frees up to the returned epoch: recorded now when

@@ -601,8 +601,10 @@ class pool_core final : public completion_listener {
 
   /// Puts a freed block into its stream's pending bins, merging it with free neighbours that
   /// are pending on the same stream or clear (a clear neighbour is absorbed: usable by this
-  /// stream at once, by others once this free is known complete). Returns the merged block.
-  block* free_pending(block* b, state& st);
+  /// stream at once, by others once this free is known complete; not where nothing may prove
+  /// that, see the definition). `for_use`: the run is about to be allocated by the stream.
+  /// Returns the merged block.
+  block* free_pending(block* b, state& st, bool for_use = false);
 
   /// Merges `b` (in no bins) with its free address neighbours that sit in `bins` or `also`.
   /// The survivor takes `b`'s stream and the newest stamp. Returns it, not yet inserted.

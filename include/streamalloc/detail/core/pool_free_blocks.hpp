@@ -45,10 +45,16 @@ void pool_core<Backend>::flush_cache(state& st) {
 }
 
 template <pool_backend Backend>
-block* pool_core<Backend>::free_pending(block* b, state& st) {
+block* pool_core<Backend>::free_pending(block* b, state& st, bool for_use) {
   st.newest_stamp = std::max(st.newest_stamp, b->stamp);
   set_state(b, block_state::pending);
-  b = merge_neighbours(b, &st.pending, &clear_);
+  // Clear neighbours are absorbed only where something will prove this free complete: a
+  // stream whose handle the pool keeps, or a free an event already covers. A raw stream's
+  // uncovered free may be its last before it is destroyed, and would then hold the absorbed
+  // memory (a whole chunk, often) until a device-wide synchronization.
+  // (`for_use`: the merged run is about to be allocated by the stream, and waits for nothing.)
+  const bool provable = for_use || st.record->handle_stable() || b->stamp <= st.last_event_epoch;
+  b = merge_neighbours(b, &st.pending, provable ? &clear_ : nullptr);
   b->stream = st.record->id();
   set_state(b, block_state::pending);  // the survivor may have been a clear neighbour
   st.pending.insert(b);

@@ -96,7 +96,7 @@ block* pool_core<Backend>::join_adjacent(std::uint64_t n, state& st) {
   // Re-inserting the run's first block as a free of `st` merges the rest of the run into it
   // (the same merge a free makes), and the whole run lands in `st`'s pending bins.
   best_start->bins->remove(best_start);
-  return free_pending(best_start, st);
+  return free_pending(best_start, st, /*for_use=*/true);
 }
 
 }  // namespace streamalloc::detail
