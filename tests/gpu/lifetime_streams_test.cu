@@ -197,7 +197,7 @@ void stream_churn_in(const config& cfg) {
   // Each stream's 8 MiB free is covered by an event recorded during the free, so the next
   // streams reuse it once its fill has run: the pool holds a few times the working set, where
   // it held every stream's last frees before (8 GiB here).
-  CHILD_EXPECT(reserved_high <= 512 * MiB, 3, "the pool grew with every raw stream made and destroyed");
+  CHILD_EXPECT(reserved_high <= 256 * MiB, 3, "the pool grew with every raw stream made and destroyed");
 
   // Threads that each use their per-thread default stream once, and end.
   for (int t = 0; t < 32; ++t) {
@@ -217,9 +217,13 @@ void stream_churn_in(const config& cfg) {
   const auto held_after = detail::ordering().census();
   note("ordering records %zu before, %zu after; raw handles known %zu before, %zu after", held_before.records,
        held_after.records, held_before.handles, held_after.handles);
-  CHILD_EXPECT(held_after.records <= held_before.records + 1 + detail::recent_streams::size, 8,
-               "the records of destroyed raw streams and ended threads stayed");
-  CHILD_EXPECT(held_after.handles <= held_before.handles + 1, 9, "destroyed raw streams' handles stayed known");
+  // CUDA hands out a few handle values over and over (6 for these 1,000 streams on the H100):
+  // the last stream met under each is known destroyed only when its handle comes back, so
+  // one record per handle value stays, beside the thread's recent few.
+  CHILD_EXPECT(held_after.handles <= held_before.handles + 64, 9, "every destroyed raw stream's handle stayed known");
+  CHILD_EXPECT(held_after.records <= held_before.records + (held_after.handles - held_before.handles) +
+                                         detail::recent_streams::size + 1,
+               8, "the records of destroyed raw streams and ended threads stayed");
   CHILD_EXPECT(p.statistics().used_current == 0, 10, "live bytes left after every stream freed its own");
   CHILD_EXPECT(checked == streams / 100, 11, "not every sampled allocation was checked");
 }

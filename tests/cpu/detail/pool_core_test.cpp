@@ -195,25 +195,25 @@ TEST_CASE("raw streams: a free past the cover limit records an event in its own 
   fixture f(o);
   auto a = make_stream(false), b = make_stream(), owned = make_stream(true);
   const std::uint64_t limit = f.pool->cover_limit();
-  REQUIRE(limit == 256 * 1024);
-  const auto p = f.pool->allocate(2 * MiB, a.key());
-  const auto q = f.pool->allocate(2 * MiB, owned.key());
+  REQUIRE(limit == 2 * MiB);
+  const auto p = f.pool->allocate(4 * MiB, a.key());
+  const auto q = f.pool->allocate(4 * MiB, owned.key());
   f.dev->busy.insert(a.native);
   const auto events_before = f.dev->live_events;
   f.pool->deallocate(p, a.key());
   CHECK(f.dev->live_events == events_before + 1);  // were a destroyed now, the event still tells
   f.pool->deallocate(q, owned.key());              // a stream streamalloc owns needs none
   CHECK(f.dev->live_events == events_before + 1);
-  CHECK(f.pool->allocate(2 * MiB, b.key()) != p);  // not run yet
+  CHECK(f.pool->allocate(4 * MiB, b.key()) != p);  // not run yet
   f.dev->run(a.native);
-  CHECK(f.pool->allocate(2 * MiB, b.key()) == p);  // without a's handle: its event completed
+  CHECK(f.pool->allocate(4 * MiB, b.key()) == p);  // without a's handle: its event completed
   // Small frees add up: the one that takes a's uncovered bytes past the limit is covered.
   std::vector<std::uint64_t> smalls;
-  for (int i = 0; i < 8; ++i) smalls.push_back(f.pool->allocate(64 * 1024, a.key()));
+  for (int i = 0; i < 9; ++i) smalls.push_back(f.pool->allocate(256 * 1024, a.key()));
   const auto events_small = f.dev->live_events;
-  for (int i = 0; i < 4; ++i) f.pool->deallocate(smalls[static_cast<std::size_t>(i)], a.key());
-  CHECK(f.dev->live_events == events_small);  // 256 KiB: at the limit, not past it
-  f.pool->deallocate(smalls[4], a.key());
+  for (int i = 0; i < 8; ++i) f.pool->deallocate(smalls[static_cast<std::size_t>(i)], a.key());
+  CHECK(f.dev->live_events == events_small);  // 2 MiB: at the limit, not past it
+  f.pool->deallocate(smalls[8], a.key());
   CHECK(f.dev->live_events == events_small + 1);
 }
 
@@ -224,11 +224,11 @@ TEST_CASE("raw streams: a stream that only takes its fast path does not pile up 
   auto a = make_stream(false);
   const auto events_before = f.dev->live_events;
   const auto recorded_before = f.dev->next_event;
-  for (int i = 0; i < 64 * 100; ++i) {
+  for (int i = 0; i < 512 * 100; ++i) {
     f.pool->deallocate(f.pool->allocate(4096, a.key()), a.key());
     f.dev->run(a.native);  // the device keeps up
   }
-  // About 100 events were recorded, one per 65 frees (the one past 256 KiB); each found the
+  // About 100 events were recorded, one per 513 frees (the one past 2 MiB); each found the
   // one before it completed and gave it back.
   CHECK(f.dev->next_event - recorded_before >= 95);
   CHECK(f.dev->live_events <= events_before + 1);
@@ -258,7 +258,7 @@ TEST_CASE("raw streams: more than 16 of them, and every free is covered") {
   for (int i = 0; i < 17; ++i) raw.push_back(make_stream(false));
   for (std::size_t i = 0; i < raw.size(); ++i) {
     f.pool->deallocate(f.pool->allocate(4096, raw[i].key()), raw[i].key());
-    CHECK(f.pool->cover_limit() == (i < 16 ? 256 * 1024 : 0));
+    CHECK(f.pool->cover_limit() == (i < 16 ? 2 * MiB : 0));
   }
   const auto events_before = f.dev->live_events;
   f.pool->deallocate(f.pool->allocate(4096, raw[0].key()), raw[0].key());
@@ -274,23 +274,27 @@ TEST_CASE("internal dependencies on a raw stream wait on an event recorded while
   auto a = make_stream(false), b = make_stream();
   const auto p = f.pool->allocate(6 * MiB, a.key());
   const auto q = f.pool->allocate(2 * MiB, a.key());
-  f.dev->busy.insert(a.native);
-  f.pool->deallocate(p, a.key());  // past the cover limit: an event on a, recorded in the call
-  f.pool->deallocate(q, a.key());
-  // b may wait on that event (never on a's handle, which b's call does not have).
+  f.pool->deallocate(p, a.key());  // past the cover limit: an event on a covers it
+  f.pool->deallocate(q, a.key());  // at the limit: no event, and merged with p, p's free too
+  // No event covers a's frees: b cannot wait on a through a's handle, so it fails.
+  CHECK_THROWS_AS((void)f.pool->allocate(6 * MiB, b.key()), core_out_of_memory);
+  CHECK(f.dev->waits.empty());
+  // a's own slow path covers its frees with an event; now b may wait on that event.
+  const auto small = f.pool->allocate(1 * MiB, a.key());
   const auto r = f.pool->allocate(6 * MiB, b.key());  // memory a freed (p, with q's rest)
   CHECK(r + 6 * MiB > p);
   CHECK(r < p + 6 * MiB);
   CHECK(f.pool->statistics().reserved_current == 8 * MiB);
   REQUIRE(f.dev->waits.size() == 1);
   CHECK(f.dev->waits[0] == std::pair<void*, void*>{b.native, a.native});
+  f.pool->deallocate(small, a.key());
 }
 
 TEST_CASE("frees_in_flight: true until the device is known to have run every free") {
   core_options o;
   o.chunk_size = 2 * MiB;
   // A stream streamalloc owns; a raw one freeing past the cover limit; a raw one below it.
-  for (const auto& [stable, bytes] : {std::pair<bool, std::uint64_t>{true, 2 * MiB}, {false, 2 * MiB}, {false, 4096}}) {
+  for (const auto& [stable, bytes] : {std::pair<bool, std::uint64_t>{true, 4 * MiB}, {false, 4 * MiB}, {false, 4096}}) {
     CAPTURE(stable);
     CAPTURE(bytes);
     fixture f(o);
