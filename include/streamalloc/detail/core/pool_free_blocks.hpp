@@ -48,13 +48,14 @@ template <pool_backend Backend>
 block* pool_core<Backend>::free_pending(block* b, state& st, bool for_use) {
   st.newest_stamp = std::max(st.newest_stamp, b->stamp);
   set_state(b, block_state::pending);
-  // Clear neighbours are absorbed only where something will prove this free complete: a
-  // stream whose handle the pool keeps, or a free an event already covers. A raw stream's
-  // uncovered free may be its last before it is destroyed, and would then hold the absorbed
-  // memory (a whole chunk, often) until a device-wide synchronization.
+  // Clear neighbours are absorbed only for a stream whose handle the pool keeps, which it can
+  // ask when it needs the memory. A raw or per-thread stream is often destroyed right after
+  // its last free: absorbed memory (the rest of a chunk, often) would wait for an event on it
+  // (on the H100, raw streams each freeing 8 MiB behind a kernel grew the pool by a 64 MiB
+  // chunk every two streams), or, uncovered, for a device-wide synchronization.
   // (`for_use`: the merged run is about to be allocated by the stream, and waits for nothing.)
-  const bool provable = for_use || st.record->handle_stable() || b->stamp <= st.last_event_epoch;
-  b = merge_neighbours(b, &st.pending, provable ? &clear_ : nullptr);
+  const bool absorb = for_use || st.record->handle_stable();
+  b = merge_neighbours(b, &st.pending, absorb ? &clear_ : nullptr);
   b->stream = st.record->id();
   set_state(b, block_state::pending);  // the survivor may have been a clear neighbour
   st.pending.insert(b);

@@ -156,15 +156,15 @@ class stream_table {
   /// before the pool records an event on it, covering them. CUDA cannot tell the pool that
   /// such a stream was destroyed, so what it freed after the pool's last event on it could
   /// only be proven complete by a device-wide synchronization. While the pool holds states
-  /// for at most 16 such streams (those in use, and those found destroyed whose last frees
+  /// for at most 64 such streams (those in use, and those found destroyed whose last frees
   /// still wait), an event per 2 MiB freed (per 512 frees of 4 KiB: with eight threads each
   /// on its own raw stream the driver's event records contend, and one per 64 frees cost 150
-  /// ns a pair on an H100); beyond that, an event at every free, about 200 ns. So at most 16
-  /// destroyed streams' last frees, 32 MiB, ever wait for a device-wide synchronization,
+  /// ns a pair on an H100); beyond that, an event at every free, about 200 ns. So at most 64
+  /// destroyed streams' last frees, 128 MiB, ever wait for a device-wide synchronization,
   /// however many streams come and go. Read on the fast path without the pool lock.
   [[nodiscard]] std::uint64_t cover_limit() const noexcept { return cover_limit_.load(std::memory_order_relaxed); }
   [[nodiscard]] static constexpr std::uint64_t cover_limit_for(std::uint64_t unkept_streams) noexcept {
-    return unkept_streams <= 16 ? 2ull << 20 : 0;
+    return unkept_streams <= 64 ? 2ull << 20 : 0;
   }
 
   /// States in use, and states made in all (each in use or kept for reuse).
