@@ -324,7 +324,10 @@ class basic_stream_buffer {
 
   /// Sets every byte to zero, on `stream()`.
   void fill_zero() {
-    detail::check_runtime(cudaMemsetAsync(data_, 0, size_bytes(), stream_.get()), "cudaMemsetAsync");
+    {
+      const stream_context in_stream_context(stream_.get());
+      detail::check_runtime(cudaMemsetAsync(data_, 0, size_bytes(), stream_.get()), "cudaMemsetAsync");
+    }
     touch();
   }
 
@@ -565,9 +568,28 @@ class basic_stream_buffer {
 
   void copy_bytes(void* dst, const void* src, std::size_t bytes) const {
     if (bytes == 0) return;
-    detail::check_runtime(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_.get()), "cudaMemcpyAsync");
+    {
+      const stream_context in_stream_context(stream_.get());
+      detail::check_runtime(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_.get()), "cudaMemcpyAsync");
+    }
     touch();
   }
+
+  /// The stream's context made current for a runtime call on the stream: the runtime refuses a
+  /// copy to or from pageable host memory on a stream of another device than the current one
+  /// (cudaErrorInvalidValue, on two H200s), as in one process driving several GPUs.
+  class stream_context {
+   public:
+    explicit stream_context(cudaStream_t s) : in_(context_of(s)) {}
+
+   private:
+    static CUcontext context_of(cudaStream_t s) {
+      CUcontext ctx = nullptr;
+      detail::cu::cuStreamGetCtx(static_cast<CUstream>(s), &ctx);
+      return ctx;
+    }
+    detail::scoped_context in_;
+  };
 
   template <class... Q>
   void copy_buffer(const basic_stream_buffer<T, Q...>& other) {
