@@ -662,9 +662,29 @@ bool legacy_conflicts_locked(CUcontext ctx, bool invalidate) {
   return conflict;
 }
 
+// Destroyed streams' objects, handed to the streams made next: CUDA gives a destroyed
+// stream's handle to a new stream (every one of 20,000 made one after another on the H100),
+// and so does the fake, whatever the host allocator does (AddressSanitizer's quarantine never
+// hands an address back soon).
+std::mutex spare_streams_mutex;
+std::vector<fake_stream*> spare_streams;
+
 CUresult fake_cuStreamCreateWithPriority(CUstream* s, unsigned flags, int) {
   if (CUresult r = need_context()) return r;
-  *s = reinterpret_cast<CUstream>(new fake_stream{next_stream_id++, current_context, flags});
+  fake_stream* made = nullptr;
+  {
+    std::lock_guard lock(spare_streams_mutex);
+    if (!spare_streams.empty()) {
+      made = spare_streams.back();
+      spare_streams.pop_back();
+    }
+  }
+  if (made != nullptr) {
+    *made = fake_stream{next_stream_id++, current_context, flags};
+  } else {
+    made = new fake_stream{next_stream_id++, current_context, flags};
+  }
+  *s = reinterpret_cast<CUstream>(made);
   ++live_streams;
   return CUDA_SUCCESS;
 }
@@ -679,7 +699,10 @@ CUresult fake_cuStreamDestroy(CUstream s) {
       return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     }
   }
-  delete reinterpret_cast<fake_stream*>(s);
+  {
+    std::lock_guard lock(spare_streams_mutex);
+    spare_streams.push_back(reinterpret_cast<fake_stream*>(s));
+  }
   --live_streams;
   return CUDA_SUCCESS;
 }
