@@ -666,8 +666,10 @@ bool legacy_conflicts_locked(CUcontext ctx, bool invalidate) {
 // stream's handle to a new stream (every one of 20,000 made one after another on the H100),
 // and so does the fake, whatever the host allocator does (AddressSanitizer's quarantine never
 // hands an address back soon).
+// Never destroyed: streams are destroyed during static destruction too, and LeakSanitizer
+// counts what a destroyed global vector held as leaked.
 std::mutex spare_streams_mutex;
-std::vector<fake_stream*> spare_streams;
+std::vector<fake_stream*>& spare_streams = *new std::vector<fake_stream*>;
 
 CUresult fake_cuStreamCreateWithPriority(CUstream* s, unsigned flags, int) {
   if (CUresult r = need_context()) return r;
