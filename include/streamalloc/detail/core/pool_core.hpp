@@ -435,82 +435,18 @@ class pool_core final : public completion_listener {
     return std::nullopt;
   }
 
-  // --- physical memory -----------------------------------------------------------------------
+  // --- what the pool learns of completed work (defined in pool_completions.hpp) -------------
 
   /// True while a free may still be running on the device: a cached or pending block whose free
   /// is not known to have executed. Closing a pool waits for the device while this is true.
-  bool frees_in_flight() {
-    const capture_guard relaxed(backend_);
-    std::lock_guard lock(mutex_);
-    bool in_flight = false;
-    streams_.for_each([&](state& st) {
-      flush_cache(st);
-      settle(st, /*query_events=*/true, stream_key{});
-      in_flight = in_flight || st.has_frees();
-    });
-    in_flight = in_flight || !awaiting_device_idle_.empty();
-    return in_flight;
-  }
-
+  bool frees_in_flight();
   /// Releases free physical memory until at most `keep` bytes of it remain (whole chunks only,
   /// and only memory whose frees are known to have completed).
-  void trim_to(std::uint64_t keep) {
-    const capture_guard relaxed(backend_);
-    std::lock_guard lock(mutex_);
-    settle_all(/*query_events=*/true, stream_key{});
-    release_free_chunks(keep);
-  }
-
-  /// The stream is going away. The last moment its handle may be used (`handle_valid`): its
-  /// cached frees join its pending bins, and one query says whether it is idle (then they are
-  /// complete, and its state is free for another stream at once); if not, one last event
-  /// covers them. Nothing is recorded on it afterwards. A raw stream found destroyed after the
-  /// fact (its handle names another stream now) is not touched: its frees wait for the events
-  /// recorded while it was in hand (see deallocate), or a device-wide synchronization.
-  void on_retire(std::uint64_t stream, bool handle_valid) noexcept override {
-    const capture_guard relaxed(backend_);
-    std::lock_guard lock(mutex_);
-    state* found = streams_.find(stream);
-    if (found == nullptr) return;
-    state& st = *found;
-    try {
-      flush_cache(st);
-      if (handle_valid && st.native != nullptr) {
-        settle(st, /*query_events=*/true, stream_key{st.record.get(), st.native});
-      }
-    } catch (...) {
-      // No event: the stream's pending frees wait for a device-wide synchronization.
-    }
-    st.native = nullptr;
-    try {
-      streams_.retire(stream);
-      recycle_retired();
-    } catch (...) {
-      // Out of host memory: the state stays with the pool, which is always safe.
-    }
-  }
-
+  void trim_to(std::uint64_t keep);
+  /// The stream is going away, or is found gone (`handle_valid` false): see the definition.
+  void on_retire(std::uint64_t stream, bool handle_valid) noexcept override;
   /// Called by the ordering registry after a host synchronization (or device-wide one).
-  void on_synchronize(std::uint64_t stream) noexcept override {
-    const capture_guard relaxed(backend_);
-    try {
-      std::lock_guard lock(mutex_);
-      if (stream == 0) {  // every stream
-        streams_.for_each([&](state& st) { flush_cache(st); });
-        settle_all(false, stream_key{});
-        clear_after_device_idle();
-        // Retired streams whose last frees only this could prove complete (raw streams found
-        // destroyed, threads that ended) give back their states and records now.
-        if (streams_.has_retiring()) recycle_retired();
-      } else if (state* st = streams_.find(stream)) {
-        flush_cache(*st);
-        settle(*st, false, stream_key{});
-      }
-      release_free_chunks(options_.release_threshold);
-    } catch (...) {
-      // Only bad_alloc can get here; memory stays cached, which is always safe.
-    }
-  }
+  void on_synchronize(std::uint64_t stream) noexcept override;
 
  private:
   static constexpr std::size_t max_cached_blocks = 4096;
@@ -543,14 +479,7 @@ class pool_core final : public completion_listener {
   }
 
   /// Settles retired streams' states and hands those with nothing left back to the table.
-  void recycle_retired() {
-    streams_.recycle_retired([&](state& st) {
-      settle(st, /*query_events=*/true, stream_key{});  // polls its last event; the handle is gone
-      if (st.has_frees() || st.cache_bytes != 0 || !st.cache.empty()) return false;
-      completion_.drop_events(st, /*wait=*/false);
-      return true;
-    });
-  }
+  void recycle_retired();
 
   // --- the slow path -------------------------------------------------------------------------
 
@@ -759,6 +688,7 @@ class pool_core final : public completion_listener {
 
 #include <streamalloc/detail/core/pool_free_blocks.hpp>  // how freed blocks reach the bins
 #include <streamalloc/detail/core/pool_sources.hpp>  // the definitions of the sources section
+#include <streamalloc/detail/core/pool_completions.hpp>  // completed work: retire, synchronize, trim
 #include <streamalloc/detail/core/pool_growth.hpp>  // the definitions of the growth section
 #include <streamalloc/detail/core/pool_graphs.hpp>  // the definitions of the graphs section
 #include <streamalloc/detail/core/pool_graph_memory.hpp>  // graphs' own memory, shared pages
