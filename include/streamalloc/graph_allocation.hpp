@@ -22,6 +22,7 @@
 /// streamalloc::graph_exec exec(g);
 /// @endcode
 
+#include <streamalloc/access.hpp>
 #include <streamalloc/captured_graph.hpp>
 #include <streamalloc/detail/driver/driver_api.hpp>
 #include <streamalloc/detail/pool/graph_ties.hpp>
@@ -194,7 +195,7 @@ struct graph_building {
   }
 
   static graph_allocation add_allocation(captured_graph& g, pool_ref p, std::size_t bytes,
-                                         std::span<const CUgraphNode> deps) {
+                                         std::span<const CUgraphNode> deps, std::span<const access_descriptor> access) {
     require_graph(g, "add_allocation");
     pool_state* st = state_of(p);
     if (st == nullptr) {
@@ -202,6 +203,7 @@ struct graph_building {
                         "was moved into)");
     }
     if (bytes == 0) throw std::invalid_argument("streamalloc::add_allocation: 0 bytes (a graph allocation has a size)");
+    const std::uint64_t peers = st->graph_peers(access, "add_allocation");
     // Blocks freed by a free node this allocation comes after may be reused: they are free of
     // every use the free node was made to depend on.
     std::unordered_set<CUgraphNode> before;
@@ -212,7 +214,7 @@ struct graph_building {
     CUgraphNode node = nullptr;
     check(cu::cuGraphAddEmptyNode_nothrow(&node, g.graph_, deps.data(), deps.size()), "cuGraphAddEmptyNode",
           [] { return std::string("adding a streamalloc allocation node"); });
-    void* ptr = st->allocate_in_graph(bytes, identity(g), after);
+    void* ptr = st->allocate_in_graph(bytes, identity(g), peers, after);
     take_new_ties(g);  // cannot fail after the memory is the graph's: the vector reserved room
     graph_allocation a;
     a.ptr_ = ptr;
@@ -253,13 +255,23 @@ struct graph_building {
  * depend on `node()`; a free added with `add_free` must depend on that work. An allocation
  * never freed in the graph stays valid after each launch, as a captured one does
  * (docs/graphs.md: relaunch rules through `graph_exec`).
- * @throws std::invalid_argument for an empty graph or 0 bytes
+ *
+ * `access` names the peer devices whose work uses the memory, read-write, as the access
+ * descriptors of the driver's allocation node: they have it for the graph's life whatever
+ * the pool's own access (`pool::set_access`) is meanwhile. The pool's device needs no
+ * descriptor (it is accepted). The grant covers the graph's own memory, not only this
+ * allocation: other allocations of the graph may be reachable from those devices too, which
+ * nothing may rely on (the driver's graph memory is mapped so at times as well).
+ * @throws std::invalid_argument for an empty graph, 0 bytes, or a descriptor that is not
+ *   a device with read_write, or a device that does not exist
+ * @throws not_supported for a device that cannot access the pool's memory (not its peer)
  * @throws out_of_memory as `pool::allocate`
  * @throws cuda_error when the driver refuses a node (a dependency of another graph, ...)
  */
 [[nodiscard]] inline graph_allocation add_allocation(captured_graph& g, pool_ref p, std::size_t bytes,
-                                                     std::span<const CUgraphNode> dependencies = {}) {
-  return detail::graph_building::add_allocation(g, p, bytes, dependencies);
+                                                     std::span<const CUgraphNode> dependencies = {},
+                                                     std::span<const access_descriptor> access = {}) {
+  return detail::graph_building::add_allocation(g, p, bytes, dependencies, access);
 }
 
 /**

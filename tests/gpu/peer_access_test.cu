@@ -2,7 +2,9 @@
 // memory allocated before and after the grant, after growth, after a defragmenting remap and
 // after grow_in_place; read-only access reads (and, in a child process, a write faults);
 // revoking and granting again; a host pool open to both GPUs; independence from
-// cudaDeviceEnablePeerAccess. Every result is read back and compared.
+// cudaDeviceEnablePeerAccess; graph memory with GPU 1 as its peer (an allocation node's access
+// descriptor, a capture's), used by kernels of GPU 1 after the pool revoked GPU 1's access.
+// Every result is read back and compared.
 //
 // Needs two GPUs that are peers: with fewer, or without peer capability, it exits 77 (skipped),
 // saying why. CTest label `multigpu` (scripts/gpu-check.sh runs it where there are two GPUs).
@@ -10,7 +12,10 @@
 // CPU against the fake driver (tests/cpu/pool_access_test.cpp), where any topology can be made.
 
 #include <streamalloc/access.hpp>
+#include <streamalloc/captured_graph.hpp>
 #include <streamalloc/driver.hpp>
+#include <streamalloc/graph_allocation.hpp>
+#include <streamalloc/graph_exec.hpp>
 #include <streamalloc/pool.hpp>
 #include <streamalloc/stream.hpp>
 
@@ -103,6 +108,127 @@ CHILD_CASE(read_only_write_faults) {
   std::fflush(stderr);
   std::_Exit(0);  // the context is lost: no destructor may use it
 }
+/// A device counter (zeroed) on `device`; freed by the caller with cudaFree.
+unsigned long long* counter_on(int device) {
+  unsigned long long* c = nullptr;
+  CHILD_CUDA(cudaSetDevice(device));
+  CHILD_CUDA(cudaMalloc(&c, sizeof *c));
+  CHILD_CUDA(cudaMemset(c, 0, sizeof *c));
+  CHILD_CUDA(cudaSetDevice(0));
+  return c;
+}
+unsigned long long read_counter(const unsigned long long* c) {
+  unsigned long long h = ~0ULL;
+  CHILD_CUDA(cudaMemcpy(&h, c, sizeof h, cudaMemcpyDeviceToHost));
+  return h;
+}
+/// A kernel node of `device` after `dep` (the device current when it is added runs it).
+cudaGraphNode_t kernel_node(cudaGraph_t g, int device, cudaGraphNode_t dep, void* func, void** args) {
+  cudaKernelNodeParams k{};
+  k.func = func;
+  k.gridDim = dim3(256);
+  k.blockDim = dim3(256);
+  k.kernelParams = args;
+  cudaGraphNode_t n = nullptr;
+  CHILD_CUDA(cudaSetDevice(device));
+  CHILD_CUDA(cudaGraphAddKernelNode(&n, g, &dep, 1, &k));
+  CHILD_CUDA(cudaSetDevice(0));
+  return n;
+}
+
+// A graph built by hand on a pool GPU 1 has no access to: its allocation node names GPU 1
+// (read-write); a kernel of GPU 1 writes the memory, kernels of GPU 0 and of GPU 1 check it,
+// a free node ends it. The pool grants GPU 1 and revokes it between launches; the launches go
+// on while the graph's memory moves onto the stream's shared pages. A lost access faults a
+// kernel of GPU 1, hence the child process.
+CHILD_CASE(graph_allocation_peer) {
+  pool p0(two_mib_chunks());
+  stream s0(0);
+  constexpr std::size_t bytes = 8 * MiB;
+  const access_descriptor peer{memory_location::device(1), access_flags::read_write};
+  unsigned long long* bad0 = counter_on(0);
+  unsigned long long* bad1 = counter_on(1);
+  graph_exec exec;
+  {
+    captured_graph g = make_graph();
+    graph_allocation a = add_allocation(g, p0, bytes, {}, {&peer, 1});
+    CHILD_EXPECT(get_access(memory_location::device(1), reinterpret_cast<CUdeviceptr>(a.get())) ==
+                     access_flags::read_write, 1, "the allocation node's peer has no access");
+    CHILD_EXPECT(p0.access(memory_location::device(1)) == access_flags::none, 2, "the pool's own access changed");
+    auto* words = static_cast<std::uint32_t*>(a.get());
+    std::size_t n = bytes / 4;
+    std::uint32_t seed = 61;
+    void* fill_args[] = {&words, &n, &seed};
+    void* check0_args[] = {&words, &n, &seed, &bad0};
+    void* check1_args[] = {&words, &n, &seed, &bad1};
+    const cudaGraphNode_t filled = kernel_node(g.get(), 1, a.node(), reinterpret_cast<void*>(&fill_kernel), fill_args);
+    const cudaGraphNode_t checked0 = kernel_node(g.get(), 0, filled, reinterpret_cast<void*>(&check_kernel), check0_args);
+    const cudaGraphNode_t checked1 =
+        kernel_node(g.get(), 1, checked0, reinterpret_cast<void*>(&check_kernel), check1_args);
+    (void)add_free(g, a, {&checked1, 1});
+    exec = graph_exec(g);
+  }  // the executable alone holds the graph: its memory may move onto s0's shared pages
+  exec.launch(s0.ref());
+  CHILD_CUDA(cudaStreamSynchronize(s0.get()));
+  p0.set_access(memory_location::device(1), access_flags::read_write);
+  p0.set_access(memory_location::device(1), access_flags::none);
+  constexpr int launches = 20;
+  for (int i = 1; i < launches; ++i) {
+    exec.launch(s0.ref());
+    CHILD_CUDA(cudaStreamSynchronize(s0.get()));
+  }
+  note("graph memory after %d launches: %zu MiB; the pool's own reserved: %zu MiB", launches,
+       p0.statistics().graph_reserved_current / MiB, p0.statistics().reserved_current / MiB);
+  CHILD_EXPECT(read_counter(bad0) == 0, 3, "GPU 0 found words GPU 1 did not write");
+  CHILD_EXPECT(read_counter(bad1) == 0, 4, "GPU 1 read words other than those it wrote");
+  exec.reset();
+  CHILD_CUDA(cudaFree(bad0));
+  CHILD_CUDA(cudaFree(bad1));
+  std::fflush(stderr);
+}
+
+// A capture on GPU 0 forks to a stream of GPU 1 through an event; GPU 1 writes a pool
+// allocation made in the capture while the pool grants GPU 1 access; GPU 0 checks it. The pool
+// revokes GPU 1's access after the capture: the graph keeps it (spec 003: an allocation node
+// records the pool's access of capture time).
+CHILD_CASE(captured_allocation_peer) {
+  pool p0(two_mib_chunks());
+  stream s0(0), s1(1);
+  constexpr std::size_t bytes = 8 * MiB;
+  unsigned long long* bad0 = counter_on(0);
+  p0.set_access(memory_location::device(1), access_flags::read_write);
+  cudaEvent_t fork = nullptr, join = nullptr;
+  CHILD_CUDA(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+  CHILD_CUDA(cudaSetDevice(1));
+  CHILD_CUDA(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+  CHILD_CUDA(cudaSetDevice(0));
+  CHILD_CUDA(cudaStreamBeginCapture(s0.get(), cudaStreamCaptureModeThreadLocal));
+  void* x = p0.allocate(bytes, s0.ref());
+  CHILD_CUDA(cudaEventRecord(fork, s0.get()));
+  CHILD_CUDA(cudaStreamWaitEvent(s1.get(), fork, 0));
+  CHILD_CUDA(cudaSetDevice(1));
+  fill_async(x, bytes, 62, s1.get());
+  CHILD_LAUNCHED("fill_async on GPU 1");
+  CHILD_CUDA(cudaEventRecord(join, s1.get()));
+  CHILD_CUDA(cudaSetDevice(0));
+  CHILD_CUDA(cudaStreamWaitEvent(s0.get(), join, 0));
+  check_async(x, bytes, 62, bad0, s0.get());
+  CHILD_LAUNCHED("check_async on GPU 0");
+  p0.deallocate(x, s0.ref());
+  captured_graph g = end_capture(s0.ref());
+  graph_exec exec(g);
+  p0.set_access(memory_location::device(1), access_flags::none);
+  CHILD_EXPECT(get_access(memory_location::device(1), reinterpret_cast<CUdeviceptr>(x)) == access_flags::read_write,
+               1, "the captured allocation lost the access the pool had at capture time");
+  for (int i = 0; i < 5; ++i) exec.launch(s0.ref());
+  CHILD_CUDA(cudaStreamSynchronize(s0.get()));
+  CHILD_EXPECT(read_counter(bad0) == 0, 2, "GPU 0 found words GPU 1 did not write");
+  CHILD_CUDA(cudaEventDestroy(fork));
+  CHILD_CUDA(cudaEventDestroy(join));
+  CHILD_CUDA(cudaFree(bad0));
+  std::fflush(stderr);
+}
+
 }  // namespace
 
 TEST_SUITE("peer_access") {
@@ -288,6 +414,12 @@ TEST_CASE("a pool's access is its own: cudaDeviceEnablePeerAccess neither gives 
   CHECK(get_access(memory_location::device(1), reinterpret_cast<CUdeviceptr>(x)) == access_flags::read_write);
   CHECK(mismatches_seen_by(1, x, 2 * MiB, 80, s1) == 0);
   p0.deallocate(x, s1);
+}
+
+TEST_CASE("graph memory with GPU 1 as its peer: an allocation node's descriptor, and a capture's") {
+  require_two_peer_gpus();
+  expect_child_passes("graph_allocation_peer");
+  expect_child_passes("captured_allocation_peer");
 }
 
 }  // TEST_SUITE

@@ -40,7 +40,7 @@ struct fixture {
   std::vector<std::uint64_t> workspace_graph(std::uint64_t id, std::uint64_t bytes, std::uint64_t block = 8 * MiB) {
     std::vector<std::uint64_t> out;
     for (std::uint64_t at = 0; at < bytes; at += block) {
-      out.push_back(pool->allocate_captured(block, id, s.record->id(), [] {}));
+      out.push_back(pool->allocate_captured(block, id, s.record->id(), 0, [] {}));
     }
     for (auto p : out) free_in(id, p);
     return out;
@@ -145,8 +145,8 @@ TEST_CASE("a graph launched into another stream moves to that stream's pages onc
 TEST_CASE("a graph whose allocations outlive a launch keeps memory of its own") {
   fixture f;
   const auto shared = f.workspace_graph(1, 16 * MiB);
-  const auto kept = f.pool->allocate_captured(8 * MiB, 2, f.s.record->id(), [] {});
-  const auto freed = f.pool->allocate_captured(8 * MiB, 2, f.s.record->id(), [] {});
+  const auto kept = f.pool->allocate_captured(8 * MiB, 2, f.s.record->id(), 0, [] {});
+  const auto freed = f.pool->allocate_captured(8 * MiB, 2, f.s.record->id(), 0, [] {});
   f.free_in(2, freed);
   f.bind(1, 100);
   const auto own = f.pages_under(kept, 16 * MiB);
@@ -176,13 +176,13 @@ TEST_CASE("a graph's allocations take a free chunk of the pool where it lies, an
   f.pool->deallocate(p, f.host.key_without_handle());
   const auto creates = f.dev->creates;
   const auto maps = f.dev->maps;
-  const auto g = f.pool->allocate_captured(MiB, 1, f.s.record->id(), [] {});
+  const auto g = f.pool->allocate_captured(MiB, 1, f.s.record->id(), 0, [] {});
   CHECK(f.dev->maps == maps);  // taken in place: no driver call
   CHECK(f.dev->creates == creates);
   CHECK(f.graph_bytes() == 2 * MiB);
   // The next piece is at least as large as what the graph has: few pieces for large graphs.
   const auto creates_now = f.dev->creates;
-  (void)f.pool->allocate_captured(3 * MiB, 1, f.s.record->id(), [] {});
+  (void)f.pool->allocate_captured(3 * MiB, 1, f.s.record->id(), 0, [] {});
   CHECK(f.graph_bytes() == 6 * MiB);  // the two other free chunks are too small for 3 MiB: new memory
   CHECK(f.dev->creates == creates_now + 1);
   // Host-time allocations never get the graph's memory.

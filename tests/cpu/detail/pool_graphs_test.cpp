@@ -34,7 +34,7 @@ struct fixture {
   ~fixture() { pool->shutdown(); }
 
   std::uint64_t captured(std::uint64_t n, std::uint64_t capture, const test_stream& s) {
-    return pool->allocate_captured(n, capture, s.record->id(), [&] { ++ties; });
+    return pool->allocate_captured(n, capture, s.record->id(), 0, [&] { ++ties; });
   }
   /// A free captured on `s`; `known`: the pool is given `s`'s record (a `stream`'s reference).
   void captured_free(std::uint64_t p, std::uint64_t capture, const test_stream& s, bool known = true) {
@@ -216,7 +216,7 @@ TEST_CASE("bad frees under capture change nothing and say what was wrong") {
 TEST_CASE("a tie that fails leaves no segment, and the next call ties again") {
   fixture f;
   auto s = make_stream();
-  CHECK_THROWS_AS(f.pool->allocate_captured(MiB, 4, s.record->id(), [] { throw std::runtime_error("no user object"); }),
+  CHECK_THROWS_AS(f.pool->allocate_captured(MiB, 4, s.record->id(), 0, [] { throw std::runtime_error("no user object"); }),
                   std::runtime_error);
   CHECK(f.pool->statistics().graphs == 0);
   CHECK(f.pool->statistics().graph_allocations == 0);

@@ -56,6 +56,9 @@ struct graph_segment {
   std::uint64_t bound_to = 0;
   /// Found not to free all it allocates once only a graph_exec held it: never shared.
   bool keeps_own = false;
+  /// Devices given read-write access to the pieces beyond the pool's own access, for the
+  /// graph's life (bit d: device d): what its allocations asked for (pool_core::grant_graph_peers).
+  std::uint64_t peers = 0;
 
   /// Does nothing the graph allocates outlive a launch? Then nothing in its pieces is valid
   /// between launches, and their physical memory may be another graph's in between.

@@ -63,4 +63,17 @@ concept pool_backend = requires(B& b, std::uint64_t n, typename B::handle& h, ty
   { b.destroy(e) } noexcept;
 };
 
+/**
+ * A backend whose memory other devices may reach (the VMM one): `grant_peers(va, bytes, devices)`
+ * gives the devices of the mask (bit d: device d) read-write access to a graph's piece, over
+ * what is mapped there and what is mapped there later, beyond the pool's own access, until
+ * `forget_peers(va)`. The pool core calls them for graphs' memory with peers; a backend without
+ * them (the simulated device) has none to give.
+ */
+template <class B>
+concept backend_with_peers = requires(B& b, std::uint64_t n) {
+  b.grant_peers(n, n, n);
+  { b.forget_peers(n) } noexcept;
+};
+
 }  // namespace streamalloc::detail

@@ -291,17 +291,21 @@ class pool_core final : public completion_listener {
   /// a block freed earlier in that capture on `s`, or memory of the graph's own
   /// (pool_graph_memory.hpp), never memory whose frees are pending. `tie()` is called under the
   /// pool lock when the capture has no segment yet, to tie the new one's life to the graph; if
-  /// it throws, nothing changes.
+  /// it throws, nothing changes. `peers` (bit d: device d) get read-write access to the
+  /// graph's memory for the graph's life, whatever the pool's own access is later (the
+  /// backend's grant_peers; 0 for none).
   template <class Tie>
-  std::uint64_t allocate_captured(std::uint64_t bytes, std::uint64_t capture, std::uint64_t s, Tie&& tie) {
-    return allocate_for_graph(bytes, capture, [s](std::uint64_t token) { return token == s; },
+  std::uint64_t allocate_captured(std::uint64_t bytes, std::uint64_t capture, std::uint64_t s, std::uint64_t peers,
+                                  Tie&& tie) {
+    return allocate_for_graph(bytes, capture, peers, [s](std::uint64_t token) { return token == s; },
                               std::forward<Tie>(tie));
   }
   /// As allocate_captured, for the graph with id `capture` (a capture's, or one streamalloc
   /// gave a graph built by hand), reusing a block the graph freed where `after(token)` says
   /// the allocation is ordered after the free with that token.
   template <class After, class Tie>
-  std::uint64_t allocate_for_graph(std::uint64_t bytes, std::uint64_t capture, After&& after, Tie&& tie);
+  std::uint64_t allocate_for_graph(std::uint64_t bytes, std::uint64_t capture, std::uint64_t peers, After&& after,
+                                   Tie&& tie);
   /// Frees `p` inside capture `capture`, the free captured on stream `s`: a block of that
   /// capture becomes reusable by it on `s`; a live block allocated outside becomes the graph's
   /// (freed by it: the pool takes it back when the graph is gone, in the order of the
@@ -573,6 +577,10 @@ class pool_core final : public completion_listener {
   block* graph_memory_for(graph_segment& seg, std::uint64_t n);
   /// A new piece for `seg` holding at least `n` bytes, as a spare block; throws core_out_of_memory.
   void add_graph_piece(graph_segment& seg, std::uint64_t n);
+  /// Gives `peers` read-write access to every piece of `seg`, now and while it holds them.
+  void grant_graph_peers(graph_segment& seg, std::uint64_t peers);
+  /// `seg`'s pieces leave it: the backend forgets their peers (the graph is gone).
+  void forget_graph_peers(const graph_segment& seg) noexcept;
   /// The pages shared by the graphs launched into one stream, and how many graphs map them.
   struct shared_pages {
     std::uint64_t stream = 0;

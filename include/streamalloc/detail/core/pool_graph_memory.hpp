@@ -121,6 +121,31 @@ void pool_core<Backend>::add_graph_piece(graph_segment& seg, std::uint64_t n) {
   seg.piece_bytes += size;
   seg.spare.push_back(b);
   graphs_.note_held(size);
+  // Last: when the driver refuses, the piece is the graph's spare memory, as if it had none.
+  if constexpr (backend_with_peers<Backend>) {
+    if (seg.peers != 0) backend_.grant_peers(va, size, seg.peers);
+  }
+}
+
+template <pool_backend Backend>
+void pool_core<Backend>::grant_graph_peers(graph_segment& seg, std::uint64_t peers) {
+  if constexpr (backend_with_peers<Backend>) {
+    for (const auto& [va, size] : seg.pieces) backend_.grant_peers(va, size, seg.peers | peers);
+    seg.peers |= peers;
+  } else {
+    (void)seg;
+    (void)peers;  // a backend without peers: the devices have no access to give
+  }
+}
+
+template <pool_backend Backend>
+void pool_core<Backend>::forget_graph_peers(const graph_segment& seg) noexcept {
+  if constexpr (backend_with_peers<Backend>) {
+    if (seg.peers == 0) return;
+    for (const auto& [va, size] : seg.pieces) backend_.forget_peers(va);
+  } else {
+    (void)seg;
+  }
 }
 
 template <pool_backend Backend>

@@ -33,12 +33,16 @@ graph_segment& pool_core<Backend>::segment_for(std::uint64_t capture, Tie& tie) 
 
 template <pool_backend Backend>
 template <class After, class Tie>
-std::uint64_t pool_core<Backend>::allocate_for_graph(std::uint64_t bytes, std::uint64_t capture, After&& after,
-                                                     Tie&& tie) {
+std::uint64_t pool_core<Backend>::allocate_for_graph(std::uint64_t bytes, std::uint64_t capture, std::uint64_t peers,
+                                                     After&& after, Tie&& tie) {
   const std::uint64_t n = round_up(bytes == 0 ? 1 : bytes, free_bins::quantum);
   const capture_guard relaxed(backend_);
   std::lock_guard lock(mutex_);
   graph_segment* seg = &segment_for(capture, tie);
+  // Peers go to all of the graph's memory: any block of it may serve any of its allocations
+  // (reuse below, spare blocks), and a piece is one mapping's worth at least. More access
+  // than asked for, which the driver's graph memory may have too (spec 003).
+  if ((peers & ~seg->peers) != 0) grant_graph_peers(*seg, peers);
   if (block* again = seg->reuse(after, n)) {
     again->use = graph_use::live;
     ++seg->live;
@@ -276,6 +280,7 @@ void pool_core<Backend>::release_graph(std::uint64_t capture, stream_key host) n
   }
   // The graph's own memory: shared pages are the stream's, the pieces leave the pool; pieces
   // with their own memory become the pool's free memory (what the graph left live stays live).
+  forget_graph_peers(*seg);
   if (shared) {
     drop_shared_pieces(*seg);
   } else {

@@ -261,12 +261,38 @@ class pool_state {
 
   /// Allocates `bytes` in the graph built by hand `graph` (graph_allocation.hpp), reusing a
   /// block the graph freed where `after(free node)` says the allocation is ordered after it.
+  /// `peers` (from graph_peers) get read-write access to the graph's memory for its life.
   template <class After>
-  [[nodiscard]] void* allocate_in_graph(std::size_t bytes, detail::capture_info graph, After&& after) {
+  [[nodiscard]] void* allocate_in_graph(std::size_t bytes, detail::capture_info graph, std::uint64_t peers,
+                                        After&& after) {
     if (!core_) [[unlikely]] throw_closed("allocate (graph_allocation)");
+    note_graph_peers(peers);
     return allocate_keyed(bytes == 0 ? 1 : bytes, [&](std::uint64_t n) {
-      return core_->allocate_for_graph(n, graph.id, after, [&] { tie_to_graph(graph); });
+      return core_->allocate_for_graph(n, graph.id, peers, after, [&] { tie_to_graph(graph); });
     });
+  }
+  /// The devices `access` names for a graph allocation, as a mask (bit d: device d), checked
+  /// as spec 003 says of an allocation node's access descriptors: devices only, read-write
+  /// only; the pool's own device may be named (it has access anyway). Throws
+  /// std::invalid_argument or not_supported, naming the descriptor, before anything changes.
+  [[nodiscard]] std::uint64_t graph_peers(std::span<const access_descriptor> access, const char* caller) const {
+    (void)core(caller);
+    const std::string who = std::string("streamalloc::") + caller + ": ";
+    std::uint64_t peers = 0;
+    for (const access_descriptor& d : access) {
+      if (!d.location.is_device()) {
+        throw std::invalid_argument(who + d.location.to_string() + " cannot be given access to graph memory: the "
+                                    "peers of a graph allocation are devices");
+      }
+      if (d.flags != access_flags::read_write) {
+        throw std::invalid_argument(who + d.location.to_string() + " is asked access_flags " +
+                                    std::to_string(static_cast<unsigned>(d.flags)) +
+                                    ": the peers of a graph allocation get read_write only, as the driver's "
+                                    "allocation nodes do");
+      }
+      if (check_grant(d, who)) peers |= std::uint64_t{1} << d.location.id();  // not the pool's own device
+    }
+    return peers;
   }
   /// Frees `p` in the graph built by hand `graph`, at free node `node`.
   void free_in_graph(void* p, detail::capture_info graph, CUgraphNode node) {
@@ -470,9 +496,28 @@ class pool_state {
   // the compiler then lays out and inlines as if capture did not exist.
   STREAMALLOC_COLD void* allocate_in_capture(std::size_t bytes, stream_ref s, detail::capture_info capture) {
     const std::uint64_t token = captured_stream(s, "allocate");
-    return allocate_keyed(bytes, [&](std::uint64_t n) {
-      return core_->allocate_captured(n, capture.id, token, [&] { tie_to_graph(capture); });
+    // The devices with access now keep it to the graph's memory, as an allocation node keeps
+    // the pool's access of capture time (spec 003), whatever set_access does later.
+    std::uint64_t peers = 0;
+    for_each_user([&](int d) {
+      if (d != device_ && device_access_[static_cast<std::size_t>(d)].load(std::memory_order_acquire) != access_flags::none) {
+        peers |= std::uint64_t{1} << d;
+      }
     });
+    return allocate_keyed(bytes, [&](std::uint64_t n) {
+      return core_->allocate_captured(n, capture.id, token, peers, [&] { tie_to_graph(capture); });
+    });
+  }
+  /// Devices given access to graph memory run work on the pool's memory: a synchronization of
+  /// it covers them from now on (as set_access's grants).
+  void note_graph_peers(std::uint64_t peers) {
+    if ((users_.load(std::memory_order_acquire) & peers) == peers) return;
+    std::lock_guard lock(access_change_);
+    for (int d = 0; d < detail::max_devices; ++d) {
+      if ((peers >> d & 1) == 0 || (users_.load(std::memory_order_relaxed) >> d & 1) != 0) continue;
+      users_.fetch_or(std::uint64_t{1} << d, std::memory_order_acq_rel);
+      detail::ordering().add_domain_user(sync_domain_, d);
+    }
   }
   STREAMALLOC_COLD void deallocate_in_capture(void* p, stream_ref s, detail::capture_info capture) {
     const std::uint64_t token = captured_stream(s, "deallocate");
@@ -520,8 +565,7 @@ class pool_state {
 
   /// Checks one change of `set_access` against what the memory allows, before anything is
   /// changed. False when it changes nothing (read-write for the memory's own location).
-  bool check_grant(const access_descriptor& d) const {
-    const std::string who = "streamalloc::pool::set_access: ";
+  bool check_grant(const access_descriptor& d, const std::string& who = "streamalloc::pool::set_access: ") const {
     if (d.flags != access_flags::none && d.flags != access_flags::read && d.flags != access_flags::read_write) {
       throw std::invalid_argument(who + "access_flags " + std::to_string(static_cast<unsigned>(d.flags)) +
                                   " for " + d.location.to_string() + " is none of none, read, read_write");

@@ -9,6 +9,13 @@
 // the tail grow_in_place maps, graphs' pieces and shared pages) goes through map(), which
 // applies the pool's access list; set_access() changes that list and applies the change to
 // everything mapped, so a grant covers the memory mapped before it and after it.
+//
+// Graphs' peers: a graph's own memory (its pieces, pool_graph_memory.hpp) may give devices
+// read-write access beyond the pool's list, for the graph's life: the peers its hand-built
+// allocations asked for, and those the pool had when an allocation was captured (spec: an
+// allocation node keeps the pool's access of capture time, whatever the pool is set to
+// later). grant_peers() records them for the range; map() and set_access() never give those
+// devices less there while the record lasts.
 
 #include <streamalloc/access.hpp>
 #include <streamalloc/address_reservation.hpp>
@@ -18,6 +25,8 @@
 #include <streamalloc/mapping.hpp>
 #include <streamalloc/physical_allocation.hpp>
 
+#include <algorithm>
+#include <array>
 #include <cstddef>
 #include <map>
 #include <memory>
@@ -92,6 +101,7 @@ class vmm_backend {
     std::lock_guard lock(*access_mutex_);
     mapping m(va, h, 0, bytes);  // unmapped again by its destructor if the access fails
     apply(va, bytes, access_);
+    if (const std::uint64_t peers = peers_at(va); peers != 0) apply_peers(va, bytes, peers);
     maps_.emplace(va, std::move(m));
   }
   void unmap(std::uint64_t va, std::uint64_t) noexcept {
@@ -99,6 +109,35 @@ class vmm_backend {
     maps_.erase(va);
   }
   void release(handle& h) noexcept { h = physical_allocation(); }
+
+  /**
+   * Gives the devices of `peers` (bit d: device d) read-write access to [va, va + bytes), a
+   * graph's piece, until forget_peers: over what is mapped there now and over whatever is
+   * mapped there later. Throws cuda_error when the driver refuses; the devices granted are
+   * recorded only once every mapping has them, and those given access before the failure keep
+   * it (more access than asked, which the graph's memory may have: spec 003).
+   */
+  void grant_peers(std::uint64_t va, std::uint64_t bytes, std::uint64_t peers) {
+    std::lock_guard lock(*access_mutex_);
+    const auto [at, made] = peers_.try_emplace(va, va + bytes, 0);
+    const std::uint64_t add = peers & ~at->second.second;
+    try {
+      for (auto it = maps_.lower_bound(va); it != maps_.end() && it->first < va + bytes; ++it) {
+        apply_peers(it->first, it->second.size(), add);
+      }
+    } catch (...) {
+      if (made) peers_.erase(at);
+      throw;
+    }
+    at->second.second |= add;
+  }
+  /// The range of grant_peers leaves the graph: mappings made there later get the pool's list
+  /// only, and set_access may lower those devices there. What is mapped now keeps its access
+  /// until then (an allocation the graph left live may still be used by those devices).
+  void forget_peers(std::uint64_t va) noexcept {
+    std::lock_guard lock(*access_mutex_);
+    peers_.erase(va);
+  }
 
   /**
    * Sets the access of each location in `who` (`none` revokes it) over everything mapped now,
@@ -113,18 +152,26 @@ class vmm_backend {
   void set_access(std::span<const access_descriptor> who) {
     std::lock_guard lock(*access_mutex_);
     const std::vector<access_descriptor> before = access_;
-    // Each changed location with its access before, made up front: the rollback cannot fail
-    // for want of memory.
-    std::vector<CUmemAccessDesc> undo;
+    // Each changed location with its access before, and room for either list with a graph's
+    // peers raised, made up front: the rollback cannot fail for want of memory.
+    std::vector<access_descriptor> undo;
     undo.reserve(who.size());
-    for (const access_descriptor& d : who) undo.push_back(access_descriptor{d.location, flags_in(before, d.location)}.native());
+    for (const access_descriptor& d : who) undo.push_back(access_descriptor{d.location, flags_in(before, d.location)});
+    std::vector<access_descriptor> raised;
+    raised.reserve(who.size());
+    std::vector<CUmemAccessDesc> native;
+    native.reserve(who.size());
     for (const access_descriptor& d : who) set_flags(access_, d);
     auto done = maps_.begin();
     try {
-      for (; done != maps_.end(); ++done) apply(done->first, done->second.size(), who);
+      for (; done != maps_.end(); ++done) {
+        apply(done->first, done->second.size(), with_peers(who, peers_at(done->first), raised));
+      }
     } catch (...) {
       for (auto it = maps_.begin(); it != done; ++it) {
-        (void)cu::cuMemSetAccess_nothrow(it->first, it->second.size(), undo.data(), undo.size());
+        native.clear();
+        for (const access_descriptor& d : with_peers(undo, peers_at(it->first), raised)) native.push_back(d.native());
+        (void)cu::cuMemSetAccess_nothrow(it->first, it->second.size(), native.data(), native.size());
       }
       access_ = before;
       throw;
@@ -243,6 +290,41 @@ class vmm_backend {
     }
     list.push_back(d);
   }
+  /// The graph peers recorded for the range holding `va` (0 when none).
+  std::uint64_t peers_at(std::uint64_t va) const noexcept {
+    auto it = peers_.upper_bound(va);
+    if (it == peers_.begin()) return 0;
+    --it;
+    return va < it->second.first ? it->second.second : 0;
+  }
+  /// `list`, or, when `peers` lowers none of its devices, `list` itself; otherwise `list` with
+  /// the devices of `peers` at read-write, in `room` (reserved for it: nothing allocates).
+  static std::span<const access_descriptor> with_peers(std::span<const access_descriptor> list, std::uint64_t peers,
+                                                       std::vector<access_descriptor>& room) noexcept {
+    auto peer = [&](const access_descriptor& d) {
+      return d.location.is_device() && d.location.id() < max_devices && (peers >> d.location.id() & 1) != 0;
+    };
+    if (std::none_of(list.begin(), list.end(), [&](const access_descriptor& d) {
+          return peer(d) && d.flags != access_flags::read_write;
+        })) {
+      return list;
+    }
+    room.clear();
+    for (const access_descriptor& d : list) room.push_back({d.location, peer(d) ? access_flags::read_write : d.flags});
+    return room;
+  }
+  /// Read-write for the devices of `peers` over one mapped range (throws as apply).
+  static void apply_peers(std::uint64_t va, std::uint64_t bytes, std::uint64_t peers) {
+    std::array<CUmemAccessDesc, max_devices> list{};
+    std::size_t n = 0;
+    for (int d = 0; d < max_devices; ++d) {
+      if ((peers >> d & 1) != 0) list[n++] = access_descriptor{memory_location::device(d), access_flags::read_write}.native();
+    }
+    if (n == 0) return;
+    check(cu::cuMemSetAccess_nothrow(va, bytes, list.data(), n), "cuMemSetAccess", [&] {
+      return "giving a graph's peer devices read-write access to " + std::to_string(bytes) + " bytes at " + hex(va);
+    });
+  }
   /// Sets `who`'s access over one mapped range; throws cuda_error naming the range and the locations.
   static void apply(std::uint64_t va, std::uint64_t bytes, std::span<const access_descriptor> who) {
     if (who.empty()) return;
@@ -256,6 +338,8 @@ class vmm_backend {
   std::vector<access_descriptor> access_;
   std::vector<address_reservation> va_;  // freed after maps_ (declared before it)
   std::map<std::uint64_t, mapping> maps_;
+  /// Graphs' pieces whose peers have access beyond access_: start -> (end, devices).
+  std::map<std::uint64_t, std::pair<std::uint64_t, std::uint64_t>> peers_;
   std::unordered_map<CUcontext, std::vector<CUevent>> spare_events_;
 };
 
