@@ -133,7 +133,7 @@ sanitize() {
     echo "--- memcheck $(basename "$bin")"
     "${memcheck[@]}" "$bin" || rc=1
   done
-  for name in pool vmm; do
+  for name in pool vmm device_arena; do
     echo "--- racecheck gpu_$name"
     "${racecheck[@]}" "$gpu_tests" --source-file="*/gpu/${name}_test.cu" || rc=1
   done
@@ -160,6 +160,7 @@ benches() {
   "$build/bench/bench_ipc" --json "$out/ipc.json" && \
   "$build/bench/bench_multigpu" --json "$out/multigpu.json" && \
   "$build/bench/bench_stream_lookup" --json "$out/stream_lookup.json" && \
+  "$build/bench/bench_device_arena" --json "$out/device_arena.json" && \
   "$build/bench/bench_trace_replay" --traces "$here/bench/traces" --json "$out/trace_replay.json"
 }
 wants bench && step bench benches

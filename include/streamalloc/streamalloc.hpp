@@ -17,3 +17,4 @@
 #include <streamalloc/ordering.hpp>
 #include <streamalloc/resource.hpp>
 #include <streamalloc/stream_buffer.hpp>
+#include <streamalloc/device_arena.hpp>
