@@ -10,15 +10,21 @@
 // printed beside them when pytorch_peaks.json is found next to the trace.
 //
 //   bench_trace_sim [--live-gib N] [--steps N]
-//   bench_trace_sim --trace FILE|DIR [--trace FILE|DIR ...]
+//   bench_trace_sim --trace FILE|DIR [--trace FILE|DIR ...] [--snapshots DIR]
+//
+// --snapshots writes, for each trace, the default pool's snapshot (pool::snapshot's JSON, with
+// the history of every event up to then) taken when the trace's live bytes peak, to
+// DIR/<trace>.snapshot.json: what scripts/plot_snapshot.py draws.
 
 #include <streamalloc/detail/core/pool_core.hpp>
+#include <streamalloc/detail/pool/snapshot_json.hpp>
 
 #include "../tests/support/sim_backend.hpp"
 #include "trace.hpp"
 #include "trace_file.hpp"
 
 #include <chrono>
+#include <fstream>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -34,15 +40,47 @@ struct config {
 // The default pool (64 MiB chunks), an intermediate, and `compact` (2 MiB chunks).
 constexpr config configs[] = {{64u << 20, true}, {16u << 20, false}, {2u << 20, false}};
 
+std::string snapshot_dir;  // --snapshots
+
+/// The index of the operation after which the live bytes peak.
+std::size_t peak_op(const std::vector<bench::recorded_op>& ops) {
+  std::vector<std::uint64_t> size_of;
+  std::uint64_t live = 0, best = 0;
+  std::size_t at = 0;
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    if (ops[i].id >= size_of.size()) size_of.resize(ops[i].id + 1);
+    if (ops[i].alloc) {
+      size_of[ops[i].id] = ops[i].size;
+      live += ops[i].size;
+    } else {
+      live -= size_of[ops[i].id];
+    }
+    if (live > best) {
+      best = live;
+      at = i;
+    }
+  }
+  return at;
+}
+
+template <class Pool>
+void write_snapshot(Pool& pool, const std::string& path) {
+  streamalloc::pool_properties props;
+  props.location = streamalloc::memory_location::device(0);
+  const std::string doc = snapshot_json(0, props, pool.statistics(), pool.snapshot(), device_memory_info{});
+  std::ofstream(path) << doc << '\n';
+  std::printf("  snapshot at the peak written to %s (%zu bytes)\n", path.c_str(), doc.size());
+}
+
 /// Replays `ops` (ids dense from 0) through a fresh pool core per chunk size and prints a row
 /// each. `streams` simulated streams; `peak` the trace's peak live bytes; `address_space` the
 /// pools' limit on addresses.
 void simulate(const std::vector<bench::recorded_op>& ops, std::size_t allocations, std::uint32_t streams,
-              std::size_t peak, std::uint64_t address_space) {
+              std::size_t peak, std::uint64_t address_space, const std::string& name = {}) {
   std::printf("%12s %14s %12s %10s %10s %8s %10s\n", "chunk", "reserved high", "/ peak live", "remapped", "chunks",
               "seconds", "ns/op");
   static char handles[bench::trace_detail::max_streams];
-  for (config c : configs) {
+  for (const config& c : configs) {
     const std::size_t chunk = c.chunk;
     auto dev = std::make_shared<streamalloc_test::sim_device>();
     core_options o;
@@ -58,6 +96,10 @@ void simulate(const std::vector<bench::recorded_op>& ops, std::size_t allocation
       keys.push_back(stream_key{&ordering().record((1ull << 60) + i), &handles[i]});
     }
     std::vector<std::uint64_t> ptr(allocations);
+    // The default pool's snapshot at the peak, when asked (it slows that replay's timing).
+    const bool snap = !snapshot_dir.empty() && !name.empty() && &c == &configs[0];
+    const std::size_t snap_at = snap ? peak_op(ops) : ops.size();
+    if (snap) pool.history().keep(snap_at + 1024);
     const auto t = std::chrono::steady_clock::now();
     std::size_t step = 0;
     try {
@@ -66,6 +108,7 @@ void simulate(const std::vector<bench::recorded_op>& ops, std::size_t allocation
           if (op.alloc) ptr[op.id] = pool.allocate(op.size, keys[0]);
           else pool.deallocate(ptr[op.id], keys[0]);
           dev->run(keys[0].native);  // an idle device: every event completes at once
+          if (step == snap_at) write_snapshot(pool, snapshot_dir + "/" + name + ".snapshot.json");
           ++step;
         }
       } else {
@@ -75,6 +118,7 @@ void simulate(const std::vector<bench::recorded_op>& ops, std::size_t allocation
           else pool.deallocate(ptr[op.id], s);
           // The pool may record events on other streams than the op's: all of them complete.
           dev->run_all();
+          if (step == snap_at) write_snapshot(pool, snapshot_dir + "/" + name + ".snapshot.json");
           ++step;
         }
       }
@@ -131,7 +175,8 @@ int replay_recorded(const std::vector<std::string>& args) {
       std::printf("  (PyTorch's peaks not read: %s)\n", e.what());
     }
     const std::uint64_t gib = 1ull << 30;
-    simulate(t.ops, t.allocations(), t.streams, t.peak_live, 4 * ((t.peak_live + gib - 1) / gib * gib) + 64 * gib);
+    simulate(t.ops, t.allocations(), t.streams, t.peak_live, 4 * ((t.peak_live + gib - 1) / gib * gib) + 64 * gib,
+             t.name);
   }
   return failures == 0 ? 0 : 1;
 }
@@ -146,8 +191,9 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--live-gib") && i + 1 < argc) live_gib = std::strtoull(argv[++i], nullptr, 10);
     else if (!std::strcmp(argv[i], "--steps") && i + 1 < argc) steps = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--trace") && i + 1 < argc) traces.emplace_back(argv[++i]);
+    else if (!std::strcmp(argv[i], "--snapshots") && i + 1 < argc) snapshot_dir = argv[++i];
     else {
-      std::fprintf(stderr, "usage: bench_trace_sim [--live-gib N] [--steps N] | --trace FILE|DIR [--trace ...]\n");
+      std::fprintf(stderr, "usage: bench_trace_sim [--live-gib N] [--steps N] | --trace FILE|DIR [--trace ...] [--snapshots DIR]\n");
       return 2;
     }
   }

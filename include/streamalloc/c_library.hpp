@@ -64,40 +64,9 @@ inline pool_ref c_pool(int device) {
   return current_pool(device);
 }
 
-inline std::string c_snapshot(int device) {
-  const pool_ref p = c_pool(device);
-  const pool_properties& props = p.properties();
-  const pool_statistics s = p.statistics();
-  std::string out = "{\"version\": " + std::to_string(STREAMALLOC_VERSION) + ", \"device\": " + std::to_string(device) +
-                    ", \"location\": \"" + props.location.to_string() + "\", \"properties\": {";
-  auto field = [&out](const char* name, std::size_t value, bool first = false) {
-    out += std::string(first ? "" : ", ") + "\"" + name + "\": " + std::to_string(value);
-  };
-  field("max_size", props.max_size, true);
-  field("release_threshold", props.release_threshold);
-  field("chunk_size", props.chunk_size);
-  out += std::string(", \"compact\": ") + (props.compact ? "true" : "false");
-  field("address_space", props.address_space);
-  field("granularity", p.granularity());
-  out += "}, \"statistics\": {";
-  field("reserved_current", s.reserved_current, true);
-  field("reserved_high", s.reserved_high);
-  field("used_current", s.used_current);
-  field("used_high", s.used_high);
-  field("live_allocations", s.live_allocations);
-  field("free_clear", s.free_clear);
-  field("free_pending", s.free_pending);
-  field("largest_free_block", s.largest_free_block);
-  field("chunks", s.chunks);
-  field("remapped_chunks", s.remapped_chunks);
-  field("grows", s.grows);
-  field("graph_reserved_current", s.graph_reserved_current);
-  field("graph_reserved_high", s.graph_reserved_high);
-  field("graph_allocations", s.graph_allocations);
-  field("graphs", s.graphs);
-  out += "}}";
-  return out;
-}
+/// The current pool's snapshot (pool::snapshot: properties, statistics, blocks, streams and,
+/// when kept, history).
+inline std::string c_snapshot(int device) { return c_pool(device).snapshot(); }
 
 }  // namespace streamalloc::detail
 

@@ -16,6 +16,7 @@
 #include <array>
 #include <atomic>
 #include <cstddef>
+#include <functional>
 #include <cstdio>
 #include <cstdlib>
 #include <initializer_list>
@@ -157,6 +158,42 @@ class pool_interface {
   [[nodiscard]] pool_statistics statistics() const { return state("statistics").statistics(); }
   /// Resets the high-water marks to the current values. @throws pool_closed after `close()`
   void reset_high_water() const { state("reset_high_water").reset_high_water(); }
+
+  /**
+   * @brief What the pool holds now, as a JSON document: its properties and statistics, the
+   * device's free memory, its address reservations and mapped chunks, every block by address
+   * (live, free, pending on a stream with the stamp of its free, held by a graph), each
+   * stream's live and pending bytes, and the recent history when kept (`keep_history`).
+   * docs/observability.md describes the fields; scripts/plot_snapshot.py draws it.
+   *
+   * Takes the pool lock for the walk (allocations on other threads wait for it), after
+   * moving every stream's recently freed blocks into its pending bins as the pool's slow
+   * paths do. Costs about a microsecond per block.
+   * @throws pool_closed after `close()`
+   */
+  [[nodiscard]] std::string snapshot() const { return state("snapshot").snapshot(); }
+
+  /**
+   * @brief Keeps the last `events` allocations, frees, growths, releases and remaps (time,
+   * stream, address, bytes) for `snapshot`; 0 (the default) keeps none. Each call starts a
+   * new history. While it is kept, every allocation and free takes a clock reading and a
+   * mutex (docs/observability.md gives the measured cost); off, it costs nothing measurable.
+   * @throws pool_closed after `close()`
+   */
+  void keep_history(std::size_t events) const { state("keep_history").keep_history(events); }
+
+  /**
+   * @brief Calls `handler` when an allocation from this pool fails, with the `out_of_memory`
+   * about to be thrown (its message says what was asked, what the pool holds, what is
+   * pending on which streams and the device's free memory). The handler may free memory,
+   * synchronize streams or trim other pools; returning true retries the allocation (and calls
+   * the handler again if it fails again), false throws. It runs on the allocating thread with
+   * no lock of the pool held; an exception from it propagates. An empty function removes it.
+   * @throws pool_closed after `close()`
+   */
+  void set_out_of_memory_handler(std::function<bool(const out_of_memory&)> handler) const {
+    state("set_out_of_memory_handler").set_out_of_memory_handler(std::move(handler));
+  }
 
   /**
    * @brief Gives free physical memory back to the driver until at most `keep` bytes of it

@@ -599,3 +599,44 @@ TEST_CASE("stress: threads on their own and shared streams, handing blocks acros
   CHECK(st.used_current == 0);
   CHECK(allocations == threads * iterations);
 }
+
+TEST_CASE("observability on the GPU: a snapshot lists the blocks kernels use; the out-of-memory handler frees and retries") {
+  pool_properties props;
+  props.max_size = 64 * MiB;
+  props.chunk_size = 32 * MiB;
+  pool p(props);
+  stream s;
+  p.keep_history(64);
+  void* a = p.allocate(32 * MiB, s.ref());
+  void* b = p.allocate(32 * MiB, s.ref());
+  fill(a, 32 * MiB, 71, s.get());
+  fill(b, 32 * MiB, 72, s.get());
+  const std::string doc = p.snapshot();
+  const auto blocks = doc.find("\"blocks\": [");
+  REQUIRE(blocks != std::string::npos);
+  for (void* x : {a, b}) {
+    const std::string entry = "{\"address\": " + std::to_string(reinterpret_cast<std::uintptr_t>(x)) +
+                              ", \"bytes\": " + std::to_string(32 * MiB) + ", \"state\": \"live\"}";
+    CHECK(doc.find(entry, blocks) != std::string::npos);
+  }
+  CHECK(doc.find("\"op\": \"grow\"") != std::string::npos);
+  CHECK(doc.find("\"device_memory\": {\"free\": ") != std::string::npos);
+  int calls = 0;
+  p.set_out_of_memory_handler([&](const out_of_memory& e) {
+    ++calls;
+    CHECK(std::string(e.what()).find("of at most 67108864 (max_size), live 67108864") != std::string::npos);
+    if (a == nullptr) return false;
+    p.deallocate(a, s.ref());  // in s's order: the retry on s may take it at once
+    a = nullptr;
+    return true;
+  });
+  void* c = p.allocate(32 * MiB, s.ref());
+  CHECK(calls == 1);
+  fill(c, 32 * MiB, 73, s.get());
+  CHECK(mismatches_on(c, 32 * MiB, 73, s.get()) == 0);
+  CHECK(mismatches_on(b, 32 * MiB, 72, s.get()) == 0);
+  CHECK_THROWS_AS((void)p.allocate(32 * MiB, s.ref()), out_of_memory);
+  CHECK(calls == 2);
+  p.deallocate(b, s.ref());
+  p.deallocate(c, s.ref());
+}

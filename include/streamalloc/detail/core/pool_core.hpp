@@ -38,6 +38,7 @@
 #include <streamalloc/detail/core/completion.hpp>
 #include <streamalloc/detail/core/free_bins.hpp>
 #include <streamalloc/detail/core/graph_segments.hpp>
+#include <streamalloc/detail/core/pool_history.hpp>
 #include <streamalloc/detail/core/live_table.hpp>
 #include <streamalloc/detail/core/ordering.hpp>
 #include <streamalloc/detail/core/pool_backend.hpp>
@@ -92,6 +93,30 @@ inline std::string hex(std::uint64_t p) {
 inline std::string pointer_subject(std::uint64_t p, const char* what) {
   return std::string("streamalloc::pool::") + what + ": " + hex(p);
 }
+
+/// What a pool holds at one moment (pool_core::snapshot, pool_snapshot.hpp).
+struct core_snapshot {
+  struct block_view {
+    std::uint64_t address = 0, bytes = 0;
+    block_state state = block_state::clear;
+    graph_use use = graph_use::live;  ///< in state graph
+    std::uint64_t stream = 0;         ///< pending: the stream whose free it waits on
+    std::uint64_t stamp = 0;          ///< that free's stamp on the stream
+  };
+  struct stream_view {
+    std::uint64_t id = 0, handle = 0;
+    int device = 0;
+    std::int64_t live_bytes = 0, live_allocations = 0;
+    std::uint64_t pending_bytes = 0, held_frees = 0, newest_free_stamp = 0, completed_stamp = 0;
+    std::size_t events_in_flight = 0;
+  };
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> reservations, chunks;  ///< (address, bytes)
+  std::vector<block_view> blocks;                                            ///< by address
+  std::vector<stream_view> streams;
+  std::uint64_t granularity = 0, chunk_size = 0, max_size = 0, largest_free = 0;
+  std::size_t graphs = 0, graph_blocks = 0;
+  pool_history::contents history;
+};
 
 /// Thrown by the core when memory cannot be found; pool.hpp turns it into out_of_memory.
 struct core_out_of_memory {
@@ -156,6 +181,12 @@ class pool_core final : public completion_listener {
   [[nodiscard]] bool owns(std::uint64_t p) const noexcept { return space_.owns(p); }
   Backend& backend() noexcept { return backend_; }
 
+  /// What the pool holds now (pool_snapshot.hpp).
+  core_snapshot snapshot();
+  /// The pool's recent events, when kept (pool_history.hpp): the front notes allocations and
+  /// frees, the core its growths, releases and remaps.
+  pool_history& history() noexcept { return history_; }
+
   void set_release_threshold(std::uint64_t t) {
     std::lock_guard lock(mutex_);
     options_.release_threshold = t;
@@ -186,6 +217,7 @@ class pool_core final : public completion_listener {
     streams_.account_allocate(st, b->size);
     st.lock.unlock();
     live_.insert(b->addr, b);
+    if (history_.on()) [[unlikely]] history_.note(history_op::allocate, st.record->id(), b->addr, b->size);
     return b->addr;
   }
 
@@ -203,6 +235,7 @@ class pool_core final : public completion_listener {
     }
     const std::uint64_t stamp = st.record->stamp();
     const std::uint64_t size = b->size;
+    if (history_.on()) [[unlikely]] history_.note(history_op::free, st.record->id(), p, size);
     b->stream = st.record->id();
     b->stamp = stamp;
     bool cached = false;
@@ -498,6 +531,7 @@ class pool_core final : public completion_listener {
     set_state(b, block_state::live);
     streams_.account_allocate(st, b->size);
     live_.insert(b->addr, b);
+    if (history_.on()) [[unlikely]] history_.note(history_op::allocate, st.record->id(), b->addr, b->size);
     return b->addr;
   }
 
@@ -641,13 +675,32 @@ class pool_core final : public completion_listener {
     return found;
   }
 
+  /// The pool's state in words, for out_of_memory: what it holds, what is live, what is free
+  /// now and the largest such block, and the frees still waiting on their streams, the
+  /// largest few named by stream (an allocation on one of those streams, or on a stream
+  /// ordered after them, or a synchronization, makes them usable).
   std::string describe_state() {
     std::uint64_t pending = 0;
-    streams_.for_each([&](state& st) { pending += st.pending.bytes(); });
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> by_stream;  // (bytes, stream id)
+    streams_.for_each([&](state& st) {
+      const std::uint64_t b = st.pending.bytes() + st.cache_bytes;
+      pending += b;
+      if (b != 0) by_stream.emplace_back(b, st.record->id());
+    });
     std::string m = "reserved " + std::to_string(space_.held()) + " bytes";
-    if (options_.max_size != 0) m += " of at most " + std::to_string(options_.max_size);
-    m += ", free " + std::to_string(clear_.bytes()) + " (largest block " + std::to_string(clear_.largest()) +
-         "), awaiting stream order " + std::to_string(pending);
+    if (options_.max_size != 0) m += " of at most " + std::to_string(options_.max_size) + " (max_size)";
+    m += ", live " + std::to_string(streams_.used_now()) + ", free " + std::to_string(clear_.bytes()) +
+         " (largest block " + std::to_string(clear_.largest()) + "), freed but awaiting stream order " +
+         std::to_string(pending);
+    if (!by_stream.empty()) {
+      std::sort(by_stream.begin(), by_stream.end(), std::greater<>());
+      m += " (";
+      for (std::size_t i = 0; i < by_stream.size() && i < 4; ++i) {
+        m += (i == 0 ? "" : ", ") + std::to_string(by_stream[i].first) + " on stream " + std::to_string(by_stream[i].second);
+      }
+      if (by_stream.size() > 4) m += ", and " + std::to_string(by_stream.size() - 4) + " more streams";
+      m += ")";
+    }
     return m;
   }
 
@@ -690,6 +743,7 @@ class pool_core final : public completion_listener {
   std::atomic<bool> exported_{false};
   std::uint64_t export_serials_ = 0;
   std::uint64_t imported_held_ = 0;
+  pool_history history_;  // off unless asked for (pool::keep_history)
 };
 
 }  // namespace streamalloc::detail
@@ -701,3 +755,4 @@ class pool_core final : public completion_listener {
 #include <streamalloc/detail/core/pool_graphs.hpp>  // the definitions of the graphs section
 #include <streamalloc/detail/core/pool_graph_memory.hpp>  // graphs' own memory, shared pages
 #include <streamalloc/detail/core/pool_exports.hpp>  // allocations other processes import
+#include <streamalloc/detail/core/pool_snapshot.hpp>  // what the pool holds, for snapshots

@@ -106,6 +106,7 @@ void pool_core<Backend>::add_graph_piece(graph_segment& seg, std::uint64_t n) {
     }
     va = *at;
     space_.note_growth(size);
+    if (history_.on()) [[unlikely]] history_.note(history_op::grow, 0, va, size);
     try {
       space_.map(va, chunk{size, std::move(h)});  // releases the memory when it fails
     } catch (...) {

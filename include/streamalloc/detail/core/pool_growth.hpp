@@ -123,6 +123,7 @@ block* pool_core<Backend>::grow(std::uint64_t n, state& st, placement where, boo
     return nullptr;
   }
   space_.note_growth(total);
+  if (history_.on()) [[unlikely]] history_.note(history_op::grow, st.record->id(), *va, total);
   free_bins* bins = (tail != nullptr && tail->bins == &st.pending) ? &st.pending : &clear_;
   std::uint64_t at = *va;
   for (std::size_t i = 0; i < sizes.size(); ++i) {
@@ -168,6 +169,7 @@ bool pool_core<Backend>::extend(block* b, std::uint64_t n, state& st) {
     if (backend_.create(bytes, h) != CUDA_SUCCESS) return false;
     (void)space_.free_addresses().take_at(bytes, end);  // room was checked under the same lock
     space_.note_growth(bytes);
+    if (history_.on()) [[unlikely]] history_.note(history_op::grow, st.record->id(), end, bytes);
     place_chunk(end, chunk{bytes, std::move(h)}, &clear_, &st);
   }
   // Absorb the blocks after `b`, splitting the last one.
@@ -264,6 +266,7 @@ block* pool_core<Backend>::defragment(std::uint64_t n, state& st) {
   for (auto& [va, size] : picked) {
     cut_out(va, size);
     place_chunk(dst, space_.unmap(va), &clear_, &st);
+    if (history_.on()) [[unlikely]] history_.note(history_op::remap, st.record->id(), dst, size);
     dst += size;
     space_.note_remap();
   }
@@ -283,6 +286,7 @@ std::uint64_t pool_core<Backend>::release_free_chunks(std::uint64_t keep) {
     const std::uint64_t va = it->va, size = it->size;
     cut_out(va, size);
     space_.release(space_.unmap(va));
+    if (history_.on()) [[unlikely]] history_.note(history_op::release, 0, va, size);
     free_bytes -= size;
     released += size;
   }

@@ -13,6 +13,7 @@
 #include <streamalloc/detail/pool/graph_ties.hpp>
 #include <streamalloc/detail/pool/pool_registry.hpp>
 #include <streamalloc/detail/pool/property_checks.hpp>
+#include <streamalloc/detail/pool/snapshot_json.hpp>
 #include <streamalloc/detail/pool/vmm_backend.hpp>
 #include <streamalloc/driver.hpp>
 #include <streamalloc/memory_location.hpp>
@@ -31,6 +32,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -343,6 +345,23 @@ class pool_state {
   }
 
   [[nodiscard]] pool_statistics statistics() const { return core("statistics").statistics(); }
+
+  /// See `pool::snapshot`.
+  [[nodiscard]] std::string snapshot() const {
+    detail::vmm_pool_core& c = core("snapshot");
+    const pool_statistics s = c.statistics();
+    const detail::core_snapshot taken = c.snapshot();
+    return detail::snapshot_json(device_, props_, s, taken, device_memory_now());
+  }
+  /// See `pool::keep_history`.
+  void keep_history(std::size_t events) { core("keep_history").history().keep(events); }
+  /// See `pool::set_out_of_memory_handler`.
+  void set_out_of_memory_handler(std::function<bool(const out_of_memory&)> handler) {
+    (void)core("set_out_of_memory_handler");
+    auto h = handler ? std::make_shared<const std::function<bool(const out_of_memory&)>>(std::move(handler)) : nullptr;
+    std::lock_guard lock(oom_mutex_);
+    oom_handler_ = std::move(h);
+  }
   void reset_high_water() { core("reset_high_water").reset_high_water(); }
 
   void trim_to(std::size_t keep) { core("trim_to").trim_to(keep); }
@@ -680,12 +699,41 @@ class pool_state {
     if (bytes > (std::size_t{1} << 62)) [[unlikely]] {
       throw out_of_memory(bytes, "streamalloc: " + std::to_string(bytes) + " bytes is more than any pool can hold");
     }
-    try {
-      return reinterpret_cast<void*>(allocate(static_cast<std::uint64_t>(bytes)));
-    } catch (const detail::core_out_of_memory& e) {
-      throw out_of_memory(bytes, "streamalloc: cannot allocate " + std::to_string(bytes) + " bytes from a pool on " +
-                                     props_.location.to_string() + ": " + e.reason + address_shortage(bytes));
+    for (;;) {
+      std::optional<out_of_memory> failure;
+      try {
+        return reinterpret_cast<void*>(allocate(static_cast<std::uint64_t>(bytes)));
+      } catch (const detail::core_out_of_memory& e) {
+        failure.emplace(bytes, "streamalloc: cannot allocate " + std::to_string(bytes) + " bytes from a pool on " +
+                                   props_.location.to_string() + ": " + e.reason + address_shortage(bytes) +
+                                   device_memory_words());
+      }
+      // The handler runs with no lock of the pool held: it may free, synchronize or trim.
+      std::shared_ptr<const std::function<bool(const out_of_memory&)>> handler;
+      {
+        std::lock_guard lock(oom_mutex_);
+        handler = oom_handler_;
+      }
+      if (handler == nullptr || !(*handler)(*failure)) throw *failure;
     }
+  }
+
+  /// The device's free and total memory (cuMemGetInfo in its primary context), for device
+  /// pools; unknown when the driver does not answer.
+  detail::device_memory_info device_memory_now() const noexcept {
+    if (!props_.location.is_device()) return {};
+    try {
+      const detail::scoped_context on_device(detail::primary_context(device_));
+      std::size_t free = 0, total = 0;
+      if (detail::cu::cuMemGetInfo_nothrow(&free, &total) == CUDA_SUCCESS) return {true, free, total};
+    } catch (...) {  // no context: the report says less
+    }
+    return {};
+  }
+  std::string device_memory_words() const {
+    const detail::device_memory_info m = device_memory_now();
+    if (!m.known) return {};
+    return "; the device has " + std::to_string(m.free) + " bytes free of " + std::to_string(m.total);
   }
 
   /// The token of a capturing stream for in-graph reuse, checking its device when known. CUDA
@@ -742,6 +790,10 @@ class pool_state {
   std::array<std::atomic<access_flags>, detail::max_devices> device_access_{};
   std::atomic<std::uint64_t> users_{0};
   std::mutex access_change_;
+  // Called when an allocation fails (set_out_of_memory_handler); replaced whole, read under
+  // the mutex and called outside it.
+  std::mutex oom_mutex_;
+  std::shared_ptr<const std::function<bool(const out_of_memory&)>> oom_handler_;
   std::mutex ipc_mutex_;
   std::unique_ptr<detail::ipc::exporter> exporter_;  // serving importers, once exported
 };
