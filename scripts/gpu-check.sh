@@ -162,6 +162,7 @@ benches() {
   "$build/bench/bench_stream_lookup" --json "$out/stream_lookup.json" && \
   "$build/bench/bench_device_arena" --json "$out/device_arena.json" && \
   "$build/bench/bench_snapshot" --json "$out/snapshot.json" && \
+  "$build/bench/bench_logging_resource" --json "$out/logging_resource.json" && \
   "$build/bench/bench_trace_replay" --traces "$here/bench/traces" --json "$out/trace_replay.json"
 }
 wants bench && step bench benches
