@@ -16,5 +16,6 @@
 #include <streamalloc/ipc.hpp>
 #include <streamalloc/ordering.hpp>
 #include <streamalloc/resource.hpp>
+#include <streamalloc/logging_resource.hpp>
 #include <streamalloc/stream_buffer.hpp>
 #include <streamalloc/device_arena.hpp>
