@@ -683,6 +683,7 @@ class pool_core final : public completion_listener {
     std::uint64_t pending = 0;
     std::vector<std::pair<std::uint64_t, std::uint64_t>> by_stream;  // (bytes, stream id)
     streams_.for_each([&](state& st) {
+      std::lock_guard sl(st.lock);  // a fast-path free may refill the cache meanwhile
       const std::uint64_t b = st.pending.bytes() + st.cache_bytes;
       pending += b;
       if (b != 0) by_stream.emplace_back(b, st.record->id());

@@ -14,6 +14,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace streamalloc::detail {
 
@@ -118,22 +120,18 @@ inline std::string snapshot_json(int device, const pool_properties& props, const
     w.field("total", mem.total);
     w.close('}');
   }
-  w.open("reservations", '[');
-  for (const auto& [va, bytes] : c.reservations) {
-    w.open_item();
-    w.field("address", va);
-    w.field("bytes", bytes);
-    w.close('}');
-  }
-  w.close(']');
-  w.open("chunks", '[');
-  for (const auto& [va, bytes] : c.chunks) {
-    w.open_item();
-    w.field("address", va);
-    w.field("bytes", bytes);
-    w.close('}');
-  }
-  w.close(']');
+  auto ranges = [&w](const char* name, const std::vector<std::pair<std::uint64_t, std::uint64_t>>& list) {
+    w.open(name, '[');
+    for (const auto& [va, bytes] : list) {
+      w.open_item();
+      w.field("address", va);
+      w.field("bytes", bytes);
+      w.close('}');
+    }
+    w.close(']');
+  };
+  ranges("reservations", c.reservations);
+  ranges("chunks", c.chunks);
   w.open("blocks", '[');
   for (const core_snapshot::block_view& b : c.blocks) {
     w.open_item();
