@@ -1,9 +1,10 @@
 #pragma once
 
 // The state behind a `pool` (see <streamalloc/pool.hpp>): the pool core over the VMM backend,
-// and what a pool adds around it (capture, graphs, peer access, IPC export). The checks of a
-// pool's properties are in property_checks.hpp, the process-wide directories of pools in
-// pool_registry.hpp.
+// and what a pool adds around it (capture, graphs, IPC export). The checks of a pool's
+// properties are in property_checks.hpp, which devices may use its memory in pool_access.hpp,
+// what it says when memory runs out in out_of_memory_report.hpp, the process-wide directories
+// of pools in pool_registry.hpp.
 
 #include <streamalloc/access.hpp>
 #include <streamalloc/detail/driver/context.hpp>
@@ -11,6 +12,8 @@
 #include <streamalloc/detail/ipc/exporter.hpp>
 #include <streamalloc/detail/pool/capture.hpp>
 #include <streamalloc/detail/pool/graph_ties.hpp>
+#include <streamalloc/detail/pool/out_of_memory_report.hpp>
+#include <streamalloc/detail/pool/pool_access.hpp>
 #include <streamalloc/detail/pool/pool_registry.hpp>
 #include <streamalloc/detail/pool/property_checks.hpp>
 #include <streamalloc/detail/pool/snapshot_json.hpp>
@@ -109,10 +112,10 @@ struct pool_graph_tie final : graph_tie {
 class pool_state {
  public:
   /// Checks the properties and makes the core (see `pool::pool`, which documents what is refused).
-  explicit pool_state(pool_properties props) : props_(props) {
+  explicit pool_state(pool_properties props)
+      : props_(props), device_(home_device(props.location)), access_(props.location, device_) {
     require_driver();
-    const int device = props.location.is_device() ? props.location.id() : 0;
-    device_ = device;
+    const int device = device_;
     const allocation_options opts{props.handle_types, false};
     const std::size_t g = detail::check_pool_properties(props, device, opts);
     // Physical memory comes in granules: a limit between two holds the smaller, so that the
@@ -142,15 +145,13 @@ class pool_state {
     props_.address_space = space;  // properties() reports the limit in force
     o.on_reserve = [this](std::uint64_t base, std::uint64_t size) { detail::pools().add(this, base, size); };
     o.reuse = props.reuse;
-    device_access_[static_cast<std::size_t>(device)].store(access_flags::read_write, std::memory_order_relaxed);
-    users_.store(std::uint64_t{1} << device, std::memory_order_relaxed);
     detail::ensure_context(device);
     // What the core's device-wide synchronization accounting names (see open_sync_domain): the
     // pool's device, and the devices it grants access to later, whose streams may then free
     // here. The domain lives as long as the core, which graphs may keep past the pool.
     const int domain = detail::ordering().open_sync_domain(device);
     o.device = domain;
-    sync_domain_ = domain;
+    access_.set_sync_domain(domain);
     bool deleter_owns_domain = false;
     try {
       std::unique_ptr<detail::vmm_pool_core> made(
@@ -210,7 +211,7 @@ class pool_state {
     }
     if (stats.live_allocations != 0 || core_->frees_in_flight()) {
       // Every device that ever had access may run work on the memory (see set_access).
-      for_each_user([](int d) {
+      access_.for_each_user([](int d) {
         try {
           synchronize_device(d);
         } catch (...) {  // a lost context: no work of it runs any more
@@ -247,7 +248,7 @@ class pool_state {
     const detail::capture_info capture = detail::capture_of(s.get(), "streamalloc::pool::allocate");
     if (capture.id != 0) [[unlikely]] return allocate_in_capture(bytes, s, capture);
     const detail::stream_key key = detail::key_of_uncaptured(s);
-    if (key.record->device() != device_) [[unlikely]] require_access("allocate", key.record->device());
+    if (key.record->device() != device_) [[unlikely]] access_.require("allocate", key.record->device());
     return allocate_keyed(bytes, [&](std::uint64_t n) { return core_->allocate(n, key, where); });
   }
 
@@ -257,7 +258,7 @@ class pool_state {
     const detail::capture_info capture = detail::capture_of(s.get(), "streamalloc::pool::deallocate");
     if (capture.id != 0) [[unlikely]] return deallocate_in_capture(p, s, capture);
     const detail::stream_key key = detail::key_of_uncaptured(s);
-    if (key.record->device() != device_) [[unlikely]] require_access("deallocate", key.record->device());
+    if (key.record->device() != device_) [[unlikely]] access_.require("deallocate", key.record->device());
     core_->deallocate(reinterpret_cast<std::uint64_t>(p), key);
   }
 
@@ -268,33 +269,15 @@ class pool_state {
   [[nodiscard]] void* allocate_in_graph(std::size_t bytes, detail::capture_info graph, std::uint64_t peers,
                                         After&& after) {
     if (!core_) [[unlikely]] throw_closed("allocate (graph_allocation)");
-    note_graph_peers(peers);
+    access_.note_graph_peers(peers);
     return allocate_keyed(bytes == 0 ? 1 : bytes, [&](std::uint64_t n) {
       return core_->allocate_for_graph(n, graph.id, peers, after, [&] { tie_to_graph(graph); });
     });
   }
-  /// The devices `access` names for a graph allocation, as a mask (bit d: device d), checked
-  /// as spec 003 says of an allocation node's access descriptors: devices only, read-write
-  /// only; the pool's own device may be named (it has access anyway). Throws
-  /// std::invalid_argument or not_supported, naming the descriptor, before anything changes.
+  /// The devices `access` names for a graph allocation, as a mask (see pool_access).
   [[nodiscard]] std::uint64_t graph_peers(std::span<const access_descriptor> access, const char* caller) const {
     (void)core(caller);
-    const std::string who = std::string("streamalloc::") + caller + ": ";
-    std::uint64_t peers = 0;
-    for (const access_descriptor& d : access) {
-      if (!d.location.is_device()) {
-        throw std::invalid_argument(who + d.location.to_string() + " cannot be given access to graph memory: the "
-                                    "peers of a graph allocation are devices");
-      }
-      if (d.flags != access_flags::read_write) {
-        throw std::invalid_argument(who + d.location.to_string() + " is asked access_flags " +
-                                    std::to_string(static_cast<unsigned>(d.flags)) +
-                                    ": the peers of a graph allocation get read_write only, as the driver's "
-                                    "allocation nodes do");
-      }
-      if (check_grant(d, who)) peers |= std::uint64_t{1} << d.location.id();  // not the pool's own device
-    }
-    return peers;
+    return access_.graph_peers(access, caller);
   }
   /// Frees `p` in the graph built by hand `graph`, at free node `node`.
   void free_in_graph(void* p, detail::capture_info graph, CUgraphNode node) {
@@ -321,7 +304,7 @@ class pool_state {
     // stream's order may be in use then. Growing is refused, as when something is in the way.
     if (detail::capture_of(s.get(), "streamalloc::pool::grow_in_place").id != 0) return 0;
     const detail::stream_key key = detail::key_of_uncaptured(s);
-    if (key.record->device() != device_) [[unlikely]] require_access("grow_in_place", key.record->device());
+    if (key.record->device() != device_) [[unlikely]] access_.require("grow_in_place", key.record->device());
     return static_cast<std::size_t>(core_->grow_in_place(reinterpret_cast<std::uint64_t>(p), bytes, key));
   }
 
@@ -336,7 +319,7 @@ class pool_state {
       return static_cast<std::size_t>(found->second);
     }
     const detail::stream_key key = detail::key_of_uncaptured(s);
-    if (key.record->device() != device_) [[unlikely]] require_access("shrink_in_place", key.record->device());
+    if (key.record->device() != device_) [[unlikely]] access_.require("shrink_in_place", key.record->device());
     return static_cast<std::size_t>(core_->shrink_in_place(reinterpret_cast<std::uint64_t>(p), bytes, key));
   }
 
@@ -351,16 +334,14 @@ class pool_state {
     detail::vmm_pool_core& c = core("snapshot");
     const pool_statistics s = c.statistics();
     const detail::core_snapshot taken = c.snapshot();
-    return detail::snapshot_json(device_, props_, s, taken, device_memory_now());
+    return detail::snapshot_json(device_, props_, s, taken, detail::device_memory_now(props_.location));
   }
   /// See `pool::keep_history`.
   void keep_history(std::size_t events) { core("keep_history").history().keep(events); }
   /// See `pool::set_out_of_memory_handler`.
   void set_out_of_memory_handler(std::function<bool(const out_of_memory&)> handler) {
     (void)core("set_out_of_memory_handler");
-    auto h = handler ? std::make_shared<const std::function<bool(const out_of_memory&)>>(std::move(handler)) : nullptr;
-    std::lock_guard lock(oom_mutex_);
-    oom_handler_ = std::move(h);
+    out_of_memory_.set_handler(std::move(handler));
   }
   void reset_high_water() { core("reset_high_water").reset_high_water(); }
 
@@ -371,7 +352,7 @@ class pool_state {
     if (props_.location.is_device()) {
       // The peers that had access first: their streams' frees are this pool's too. The proof
       // returned is the memory's own device's.
-      for_each_user([&](int d) {
+      access_.for_each_user([&](int d) {
         if (d != device_) (void)synchronize_device(d);
       });
       return synchronize_device(props_.location.id());
@@ -397,73 +378,21 @@ class pool_state {
 
   void set_access(std::span<const access_descriptor> who) {
     detail::vmm_pool_core& c = core("set_access");
-    // One change at a time: each is checked against the access in force, and the flags read
-    // by allocate follow the driver's state in the order the changes are made.
-    std::lock_guard lock(access_change_);
-    std::vector<access_descriptor> changes;
-    for (std::size_t i = 0; i < who.size(); ++i) {
-      const access_descriptor& d = who[i];
-      for (std::size_t j = 0; j < i; ++j) {
-        if (who[j].location == d.location) {
-          throw std::invalid_argument("streamalloc::pool::set_access: " + d.location.to_string() +
-                                      " is named twice in one call");
-        }
-      }
-      // What a device has already costs no driver call (revoking what a device never had
-      // included: the driver might not even accept that for a device that is not a peer).
-      if (check_grant(d) && device_access_[static_cast<std::size_t>(d.location.id())].load(
-                                std::memory_order_relaxed) != d.flags) {
-        changes.push_back(d);
-      }
-    }
-    if (changes.empty()) return;
-    for (const access_descriptor& d : changes) {
-      if (d.flags == access_flags::none) continue;
-      // Before the driver is asked: from now on, work of that device may use the memory, and
-      // a synchronization of the pool's memory must cover it (for the rest of its life: work
-      // it enqueued may outlive a revocation).
-      users_.fetch_or(std::uint64_t{1} << d.location.id(), std::memory_order_acq_rel);
-      detail::ordering().add_domain_user(sync_domain_, d.location.id());
-    }
-    // A revoked device's streams are refused before its access goes; a granted one's only
-    // once it has it.
-    std::vector<std::pair<int, access_flags>> lowered;
-    for (const access_descriptor& d : changes) {
-      auto& slot = device_access_[static_cast<std::size_t>(d.location.id())];
-      const access_flags was = slot.load(std::memory_order_relaxed);
-      if (rank(d.flags) < rank(was)) {
-        lowered.emplace_back(d.location.id(), was);
-        slot.store(d.flags, std::memory_order_release);
-      }
-    }
-    try {
+    access_.set(who, [&](const std::vector<access_descriptor>& changes) {
       detail::ensure_context(device_);
       // cuMemSetAccess is a call another thread's global-mode capture forbids.
       const detail::relaxed_capture_mode relaxed;
       c.backend().set_access(changes);
-    } catch (...) {
-      for (const auto& [dev, was] : lowered) device_access_[static_cast<std::size_t>(dev)].store(was, std::memory_order_release);
-      throw;
-    }
-    for (const access_descriptor& d : changes) {
-      device_access_[static_cast<std::size_t>(d.location.id())].store(d.flags, std::memory_order_release);
-    }
+    });
   }
 
   [[nodiscard]] access_flags access(memory_location where) const {
     (void)core("access");
-    if (where.is_host()) return props_.location.is_host() ? access_flags::read_write : access_flags::none;
-    if (where.id() >= detail::max_devices) return access_flags::none;
-    return device_access_[static_cast<std::size_t>(where.id())].load(std::memory_order_acquire);
+    return access_.of(where);
   }
 
-  /// May streams of `device` allocate here and free here? Its own device's, and those of
-  /// devices granted access (read or read-write).
-  [[nodiscard]] bool serves(int device) const noexcept {
-    if (device == device_) return true;
-    return device >= 0 && device < detail::max_devices &&
-           device_access_[static_cast<std::size_t>(device)].load(std::memory_order_acquire) != access_flags::none;
-  }
+  /// May streams of `device` allocate here and free here? (see pool_access)
+  [[nodiscard]] bool serves(int device) const noexcept { return access_.serves(device); }
 
   // IPC (ipc.hpp documents these as export_pool and export_pointer).
   void export_ipc(std::string path) {
@@ -517,26 +446,10 @@ class pool_state {
     const std::uint64_t token = captured_stream(s, "allocate");
     // The devices with access now keep it to the graph's memory, as an allocation node keeps
     // the pool's access of capture time (spec 003), whatever set_access does later.
-    std::uint64_t peers = 0;
-    for_each_user([&](int d) {
-      if (d != device_ && device_access_[static_cast<std::size_t>(d)].load(std::memory_order_acquire) != access_flags::none) {
-        peers |= std::uint64_t{1} << d;
-      }
-    });
+    const std::uint64_t peers = access_.peers_now();
     return allocate_keyed(bytes, [&](std::uint64_t n) {
       return core_->allocate_captured(n, capture.id, token, peers, [&] { tie_to_graph(capture); });
     });
-  }
-  /// Devices given access to graph memory run work on the pool's memory: a synchronization of
-  /// it covers them from now on (as set_access's grants).
-  void note_graph_peers(std::uint64_t peers) {
-    if ((users_.load(std::memory_order_acquire) & peers) == peers) return;
-    std::lock_guard lock(access_change_);
-    for (int d = 0; d < detail::max_devices; ++d) {
-      if ((peers >> d & 1) == 0 || (users_.load(std::memory_order_relaxed) >> d & 1) != 0) continue;
-      users_.fetch_or(std::uint64_t{1} << d, std::memory_order_acq_rel);
-      detail::ordering().add_domain_user(sync_domain_, d);
-    }
   }
   STREAMALLOC_COLD void deallocate_in_capture(void* p, stream_ref s, detail::capture_info capture) {
     const std::uint64_t token = captured_stream(s, "deallocate");
@@ -556,142 +469,6 @@ class pool_state {
                       ": the pool was moved from (its memory belongs to the pool it was moved into)");
   }
 
-  /// A stream of another device than the pool's: served when that device has access, else
-  /// refused. Out of line: the pool's own device's streams never come here.
-  STREAMALLOC_COLD void require_access(const char* member, int stream_device) const {
-    if (!serves(stream_device)) throw_wrong_device(member, stream_device);
-  }
-
-  [[noreturn]] STREAMALLOC_COLD void throw_wrong_device(const char* member, int stream_device) const {
-    const std::string grant = "grant device " + std::to_string(stream_device) +
-                              " access first (pool.set_access(streamalloc::memory_location::device(" +
-                              std::to_string(stream_device) + "), streamalloc::access_flags::read_write))";
-    const std::string advice = std::string(member) == "allocate"
-                                   ? grant + ", or allocate from that device's pool (streamalloc::current_pool(" +
-                                         std::to_string(stream_device) + "))"
-                                   : grant + ", or use a stream of device " + std::to_string(device_);
-    throw std::invalid_argument(std::string("streamalloc::pool::") + member + ": the stream belongs to device " +
-                                std::to_string(stream_device) + ", but this pool's memory (" +
-                                props_.location.to_string() + ") is for device " + std::to_string(device_) +
-                                " and the devices granted access, and device " + std::to_string(stream_device) +
-                                " has none; " + advice);
-  }
-
-  /// none < read < read_write.
-  static int rank(access_flags f) noexcept {
-    return f == access_flags::read_write ? 2 : f == access_flags::read ? 1 : 0;
-  }
-
-  /// Checks one change of `set_access` against what the memory allows, before anything is
-  /// changed. False when it changes nothing (read-write for the memory's own location).
-  bool check_grant(const access_descriptor& d, const std::string& who = "streamalloc::pool::set_access: ") const {
-    if (d.flags != access_flags::none && d.flags != access_flags::read && d.flags != access_flags::read_write) {
-      throw std::invalid_argument(who + "access_flags " + std::to_string(static_cast<unsigned>(d.flags)) +
-                                  " for " + d.location.to_string() + " is none of none, read, read_write");
-    }
-    const char* const flags_name = d.flags == access_flags::read ? "read" : "none";
-    if (d.location.is_host()) {
-      if (props_.location.is_device()) {
-        throw std::invalid_argument(who + "the host cannot be given access to this pool's memory, which lives on " +
-                                    props_.location.to_string() +
-                                    " (the CPU cannot map device memory: make a pool on a host location for memory "
-                                    "the CPU uses)");
-      }
-      if (d.flags != access_flags::read_write) {
-        throw std::invalid_argument(who + "the host's access to this pool's memory, which lives on " +
-                                    props_.location.to_string() + ", cannot be reduced (asked: " + flags_name + ")");
-      }
-      return false;
-    }
-    const int dev = d.location.id();
-    if (dev >= device_count()) throw std::invalid_argument(who + "there is no device " + std::to_string(dev));
-    if (dev >= detail::max_devices) {
-      throw std::invalid_argument(who + "device " + std::to_string(dev) + " is beyond the devices streamalloc serves (0 to " +
-                                  std::to_string(detail::max_devices - 1) + ")");
-    }
-    if (dev == device_) {
-      if (d.flags != access_flags::read_write) {
-        const std::string why = props_.location.is_device()
-                                    ? "the memory lives there"
-                                    : "the pool was made for it (its streams allocate here)";
-        throw std::invalid_argument(who + "device " + std::to_string(dev) +
-                                    "'s access to this pool's memory cannot be removed or reduced (asked: " +
-                                    flags_name + "): " + why);
-      }
-      return false;
-    }
-    if (d.flags == access_flags::none) return true;  // revoking needs no capability
-    if (props_.location.is_device()) {
-      int can = 0;
-      detail::check(detail::cu::cuDeviceCanAccessPeer_nothrow(&can, detail::device_handle(dev),
-                                                              detail::device_handle(device_)),
-                    "cuDeviceCanAccessPeer", [&] {
-                      return "asking whether device " + std::to_string(dev) + " can access the memory of device " +
-                             std::to_string(device_);
-                    });
-      if (can == 0) {
-        // Refused here, not by the driver: on a pool that holds no memory yet the driver's
-        // own grant succeeds, and the next allocation fails instead (spec: the SetAccess trap).
-        throw not_supported(who + "device " + std::to_string(dev) + " cannot access the memory of device " +
-                            std::to_string(device_) + ", where this pool's memory lives: they are not peers "
-                            "(cuDeviceCanAccessPeer(" + std::to_string(dev) + ", " + std::to_string(device_) +
-                            ") is 0)");
-      }
-      return true;
-    }
-    // Host memory: any device that can map memory of that kind through the VMM API.
-    const device_capabilities c = query_capabilities(dev);
-    const bool numa = props_.location.type() == memory_location::kind::host_numa;
-    const char* missing = !c.virtual_memory                   ? "VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED"
-                          : numa && !c.host_numa_memory       ? "HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED"
-                          : !numa && !c.host_memory           ? "HOST_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED"
-                                                              : nullptr;
-    if (missing != nullptr) {
-      throw not_supported(who + "device " + std::to_string(dev) + " cannot access this pool's memory on " +
-                          props_.location.to_string() + ": it cannot map " + (numa ? "host NUMA" : "host") +
-                          " memory through the VMM API (CU_DEVICE_ATTRIBUTE_" + missing + " is 0)");
-    }
-    return true;
-  }
-
-  /// Calls `f(device)` for the pool's device and every device ever granted access.
-  template <class F>
-  void for_each_user(F&& f) const {
-    const std::uint64_t users = users_.load(std::memory_order_acquire);
-    for (int d = 0; d < detail::max_devices; ++d) {
-      if ((users >> d & 1) != 0) f(d);
-    }
-  }
-
-  /// The part of an out-of-memory message that blames the addresses, when they are short:
-  /// when the least the pool could have grown by for `bytes` does not fit in the addresses it
-  /// may still use (every mapped byte takes one address, so at most `address_space - reserved`
-  /// are left), or when the driver refused to reserve more (the process's addresses ran out),
-  /// growing was impossible whatever memory the device has. Addresses too fragmented for the
-  /// growth are not detected: the message then says nothing rather than blame them wrongly.
-  std::string address_shortage(std::size_t bytes) const {
-    const auto& o = core_->options();
-    const std::uint64_t g = core_->granularity();
-    const std::uint64_t space = core_->address_space();
-    const std::uint64_t mapped = core_->statistics().reserved_current;
-    const std::uint64_t taken = core_->addresses_reserved();
-    // A request of a chunk or more (outside compact pools) grows by its own size, rounded to
-    // the granularity; any other by whole chunks, at least one (fewer bytes when extending a
-    // free tail, but never less than a chunk), except under max_size, where a single granule
-    // may do.
-    std::uint64_t least = o.max_size == 0 ? o.chunk_size : g;
-    if (o.own_chunk_for_large && bytes >= o.chunk_size) least = (bytes + g - 1) / g * g;
-    if (const std::uint64_t refused = core_->refused_reservation(); refused != 0) {
-      return " (the process's virtual addresses ran out: the driver refused to reserve " + std::to_string(refused) +
-             " more bytes of addresses for the pool, which holds " + std::to_string(taken) + " bytes of addresses, " +
-             std::to_string(mapped) + " of them mapped)";
-    }
-    if (mapped <= space && least <= space - mapped) return {};
-    return " (the pool's addresses are used up: it may reserve " + std::to_string(space) + " bytes of addresses, " +
-           std::to_string(mapped) + " of them mapped, and growing for this request needs " + std::to_string(least) +
-           " more: raise pool_properties::address_space)";
-  }
-
   /// `allocate(bytes)` from the core, its refusals in the pool's words.
   template <class Allocate>
   void* allocate_keyed(std::size_t bytes, Allocate&& allocate) {
@@ -704,36 +481,11 @@ class pool_state {
       try {
         return reinterpret_cast<void*>(allocate(static_cast<std::uint64_t>(bytes)));
       } catch (const detail::core_out_of_memory& e) {
-        failure.emplace(bytes, "streamalloc: cannot allocate " + std::to_string(bytes) + " bytes from a pool on " +
-                                   props_.location.to_string() + ": " + e.reason + address_shortage(bytes) +
-                                   device_memory_words());
+        failure.emplace(detail::out_of_memory_report::describe(bytes, e, *core_, props_.location));
       }
-      // The handler runs with no lock of the pool held: it may free, synchronize or trim.
-      std::shared_ptr<const std::function<bool(const out_of_memory&)>> handler;
-      {
-        std::lock_guard lock(oom_mutex_);
-        handler = oom_handler_;
-      }
-      if (handler == nullptr || !(*handler)(*failure)) throw *failure;
+      // Out of the catch, so that no lock of the pool is held (see out_of_memory_report::retry).
+      if (!out_of_memory_.retry(*failure)) throw *failure;
     }
-  }
-
-  /// The device's free and total memory (cuMemGetInfo in its primary context), for device
-  /// pools; unknown when the driver does not answer.
-  detail::device_memory_info device_memory_now() const noexcept {
-    if (!props_.location.is_device()) return {};
-    try {
-      const detail::scoped_context on_device(detail::primary_context(device_));
-      std::size_t free = 0, total = 0;
-      if (detail::cu::cuMemGetInfo_nothrow(&free, &total) == CUDA_SUCCESS) return {true, free, total};
-    } catch (...) {  // no context: the report says less
-    }
-    return {};
-  }
-  std::string device_memory_words() const {
-    const detail::device_memory_info m = device_memory_now();
-    if (!m.known) return {};
-    return "; the device has " + std::to_string(m.free) + " bytes free of " + std::to_string(m.total);
   }
 
   /// The token of a capturing stream for in-graph reuse, checking its device when known. CUDA
@@ -743,7 +495,7 @@ class pool_state {
   /// default stream's handle names another stream on each thread.
   std::uint64_t captured_stream(stream_ref s, const char* member) const {
     if (const detail::stream_record* r = s.known_record(); r != nullptr && r->device() != device_) [[unlikely]] {
-      require_access(member, r->device());
+      access_.require(member, r->device());
     }
     if (detail::is_per_thread_handle(s.get())) {
       static thread_local const char this_thread = 0;
@@ -780,20 +532,14 @@ class pool_state {
     }
   }
 
+  /// The device whose streams allocate here: the memory's own, or device 0 for host memory.
+  static int home_device(memory_location where) noexcept { return where.is_device() ? where.id() : 0; }
+
   pool_properties props_;
   int device_ = 0;  ///< the device whose streams may allocate here (and devices granted access)
+  detail::pool_access access_;
   std::shared_ptr<detail::vmm_pool_core> core_;
-  int sync_domain_ = 0;  ///< the core's synchronization domain (ordering.hpp)
-  // Peer access (set_access): what each device may do, read on the allocation path of another
-  // device's stream; the devices ever granted (bit d: device d), whose work a synchronization
-  // of the pool's memory covers; changes one at a time.
-  std::array<std::atomic<access_flags>, detail::max_devices> device_access_{};
-  std::atomic<std::uint64_t> users_{0};
-  std::mutex access_change_;
-  // Called when an allocation fails (set_out_of_memory_handler); replaced whole, read under
-  // the mutex and called outside it.
-  std::mutex oom_mutex_;
-  std::shared_ptr<const std::function<bool(const out_of_memory&)>> oom_handler_;
+  detail::out_of_memory_report out_of_memory_;
   std::mutex ipc_mutex_;
   std::unique_ptr<detail::ipc::exporter> exporter_;  // serving importers, once exported
 };
