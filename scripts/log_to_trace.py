@@ -19,6 +19,9 @@ What the conversion keeps and what it cannot:
 - A free of a pointer the log never saw allocated (allocated before the log began, or through
   another resource) is of a block live at the start: it is allocated at the start of the trace,
   on the stream of its free, with the free's byte count, as bench/traces/record.py does.
+- A `resize_async` line (a stream_buffer grown or shrunk in place) is a free of the block and an
+  allocation of the new size in its place, on the same stream: the format has no growth in
+  place, and this keeps the bytes live right.
 - Failed allocations, allocations of 0 bytes (no pointer) and frees of null are left out;
   alignments are not part of the format (a count of those above 256 is noted in the header).
 - Lines from several processes, or several logs, cannot be merged by this script.
@@ -37,6 +40,7 @@ CSV_HEADER = ["time_ns", "thread", "operation", "pointer", "bytes", "alignment",
               "message"]
 ALLOCATIONS = ("allocate", "allocate_async")
 FREES = ("free", "free_async")
+RESIZES = ("resize_async",)
 SYNC_STREAM = "synchronous"
 
 
@@ -93,7 +97,7 @@ def convert(path, name=None):
     failed = zero = null_frees = over_aligned = 0
     for number, rec in records(path):
         op = rec.get("operation")
-        if op not in ALLOCATIONS and op not in FREES:
+        if op not in ALLOCATIONS and op not in FREES and op not in RESIZES:
             raise LogError(f"{path}:{number}: unknown operation {op!r}")
         stream = rec.get("stream") or SYNC_STREAM
         if op in ("allocate", "free"):
@@ -105,7 +109,21 @@ def convert(path, name=None):
             raise LogError(f"{path}:{number}: bad bytes or alignment") from None
         pointer = rec.get("pointer")
         pointer = int(pointer, 16) if pointer else 0
-        if op in ALLOCATIONS:
+        if op in RESIZES:
+            if pointer == 0 or nbytes == 0:
+                raise LogError(f"{path}:{number}: a resize without a pointer or bytes")
+            sid = live.pop(pointer, None)
+            if sid is None:  # allocated before the log began: live at the start, size unknown
+                sid = next_sid
+                next_sid += 1
+                sizes[sid] = nbytes
+                prelive.append((sid, nbytes, stream))
+            ops.append(("f", sid, stream))
+            live[pointer] = next_sid
+            sizes[next_sid] = nbytes
+            ops.append(("a", next_sid, nbytes, stream))
+            next_sid += 1
+        elif op in ALLOCATIONS:
             if rec.get("outcome") != "ok":
                 failed += 1
                 continue
@@ -202,9 +220,10 @@ def self_test():
         "50,2,allocate_async,0x0,0,256,0x55bb00,ok,,\n"
         "60,1,free_async,0x7f0000000000,4096,256,0x55bb00,ok,,\n"
         "70,2,allocate_async,0x7f0000000000,8192,256,0x55bb00,ok,,\n"       # the same address, again
+        "75,2,resize_async,0x7f0000000000,16384,256,0x55bb00,ok,,\n"        # grown in place
         "80,2,free,0x7f0000200000,512,4096,,ok,,\n"
     )
-    want_ops = ["a 0 1000 0", "# step 1", "a 1 4096 0", "f 0 0", "a 2 512 1", "f 1 2", "a 3 8192 2", "f 2 1"]
+    want_ops = ["a 0 1000 0", "# step 1", "a 1 4096 0", "f 0 0", "a 2 512 1", "f 1 2", "a 3 8192 2", "f 3 2", "a 4 16384 2", "f 2 1"]
     json_log = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in _as_json(csv_log))
     with tempfile.TemporaryDirectory() as d:
         for fmt, text in (("csv", csv_log), ("json", json_log)):
@@ -212,7 +231,7 @@ def self_test():
             with open(path, "w", encoding="utf-8") as f:
                 f.write(text)
             trace = convert(path, "selftest").splitlines()
-            assert trace[0] == "# streamalloc trace v1 selftest ops=7 peak_live=8704", trace[0]
+            assert trace[0] == "# streamalloc trace v1 selftest ops=9 peak_live=16896", trace[0]
             ops = [t for t in trace[1:] if not t.startswith("# ") or t == "# step 1"]
             assert ops == want_ops, (fmt, ops)
             assert "# live at start: 1 blocks, 1000 bytes" in "\n".join(trace)

@@ -247,19 +247,19 @@ class device_arena {
   }
 
   /// As above, from pool `p`. @throws std::invalid_argument when `s`'s device cannot use `p`'s memory
-  device_arena(std::size_t capacity, stream_ref s, pool_ref p) : stream_(s.resolved()), capacity_(capacity) {
-    if (capacity == 0 || capacity > detail::arena_max_capacity) [[unlikely]] {
-      throw std::invalid_argument("streamalloc::device_arena: capacity " + std::to_string(capacity) +
-                                  " is not between 1 and 2^40 bytes");
-    }
-    memory_ = static_cast<std::byte*>(p.allocate(detail::arena_header_bytes + capacity, stream_));  // throws for a moved-from pool
-    pool_ = detail::state_of(p);
-    try {
-      enqueue_memset(memory_, detail::arena_header_bytes);
-    } catch (...) {
-      p.deallocate(memory_, stream_);
-      throw;
-    }
+  device_arena(std::size_t capacity, stream_ref s, pool_ref p) : device_arena(capacity, s, p, nullptr) {}
+
+  /// As above, from the pool under `r`, a `logging_resource` over a `pool_resource`: the
+  /// arena's memory (region and counters) is a line of `r`'s log when taken (`allocate_async`)
+  /// and one when freed (`free_async`); the log stays open while the arena lives. What kernels
+  /// allocate from the arena is not logged (device code cannot write the log).
+  /// @throws std::invalid_argument when `r` was moved from
+  template <class... Q>
+  device_arena(std::size_t capacity, stream_ref s, const logging_resource<pool_resource<Q...>>& r)
+      : device_arena(capacity, s, r.upstream_resource().pool(), checked_log(detail::logging_access::log_of(r))) {
+    static_assert(has_property_v<device_accessible, Q...>,
+                  "streamalloc::device_arena: kernels allocate from an arena, but the resource does not claim "
+                  "device_accessible");
   }
 
   /// Rejected: a raw `cudaStream_t` (or `0`): streams are taken as `stream_ref`, made explicitly.
@@ -273,6 +273,7 @@ class device_arena {
   /// Takes `o`'s memory; `o` is left empty, on the same stream and pool (its view is empty).
   device_arena(device_arena&& o) noexcept
       : pool_(o.pool_),
+        log_(o.log_),
         stream_(o.stream_),
         memory_(std::exchange(o.memory_, nullptr)),
         capacity_(std::exchange(o.capacity_, 0)),
@@ -282,6 +283,7 @@ class device_arena {
     if (this != &o) {
       release();
       pool_ = o.pool_;
+      log_ = o.log_;
       stream_ = o.stream_;
       memory_ = std::exchange(o.memory_, nullptr);
       capacity_ = std::exchange(o.capacity_, 0);
@@ -438,9 +440,41 @@ class device_arena {
     if constexpr (STREAMALLOC_CHECK_ORDERING != 0) last_use_ = stream_.record().current_epoch();
   }
 
+  device_arena(std::size_t capacity, stream_ref s, pool_ref p, std::shared_ptr<detail::allocation_log> log)
+      : log_(std::move(log)), stream_(s.resolved()), capacity_(capacity) {
+    if (capacity == 0 || capacity > detail::arena_max_capacity) [[unlikely]] {
+      throw std::invalid_argument("streamalloc::device_arena: capacity " + std::to_string(capacity) +
+                                  " is not between 1 and 2^40 bytes");
+    }
+    const std::size_t bytes = detail::arena_header_bytes + capacity;
+    const cudaStream_t h = stream_.get();
+    memory_ = detail::logged_allocation(log_.get(), detail::log_op::allocate_async, bytes, 256, &h, [&] {
+      return static_cast<std::byte*>(p.allocate(bytes, stream_));  // throws for a moved-from pool
+    });
+    pool_ = detail::state_of(p);
+    try {
+      enqueue_memset(memory_, detail::arena_header_bytes);
+    } catch (...) {
+      if (log_ != nullptr) log_->ok(detail::log_op::free_async, memory_, bytes, 256, &h);
+      p.deallocate(memory_, stream_);
+      throw;
+    }
+  }
+
+  static std::shared_ptr<detail::allocation_log> checked_log(std::shared_ptr<detail::allocation_log> log) {
+    if (log == nullptr) {
+      throw std::invalid_argument("streamalloc::device_arena: the logging_resource was moved from (it has no log)");
+    }
+    return log;
+  }
+
   void release() noexcept {
     if (memory_ == nullptr) return;
     std::byte* p = std::exchange(memory_, nullptr);
+    if (log_ != nullptr && !pool_->closed()) {
+      const cudaStream_t h = stream_.get();
+      log_->ok(detail::log_op::free_async, p, detail::arena_header_bytes + capacity_, 256, &h);
+    }
     capacity_ = 0;
     const pool_ref owner(*pool_);
     detail::free_or_report(owner, p, "streamalloc::device_arena (destroyed or reassigned)",
@@ -448,6 +482,7 @@ class device_arena {
   }
 
   detail::pool_state* pool_ = nullptr;  // the pool's state: it stays when the pool is moved
+  std::shared_ptr<detail::allocation_log> log_;  // made from a logging_resource: its log
   stream_ref stream_ = stream_ref::legacy_default();
   std::byte* memory_ = nullptr;  // the header (counters), then the region
   std::size_t capacity_ = 0;

@@ -4,7 +4,7 @@
 /// @brief `logging_resource<Upstream>`: a memory resource that writes every allocate and free it
 /// passes to another resource as one line of CSV or JSON, to a file or a `std::ostream`.
 
-#include <streamalloc/resource.hpp>
+#include <streamalloc/resource.hpp>  // and detail/allocation_log.hpp, the log as a pool's other users see it
 #include <streamalloc/stream.hpp>
 
 #include <cuda/memory_resource>
@@ -69,14 +69,6 @@ struct logging_options {
 
 namespace detail {
 
-/// What a log line records.
-enum class log_op : unsigned char { allocate, free, allocate_async, free_async };
-
-inline std::string_view log_op_name(log_op op) noexcept {
-  constexpr std::string_view names[] = {"allocate", "free", "allocate_async", "free_async"};
-  return names[static_cast<unsigned>(op)];
-}
-
 /// The calling thread's number in logs: 1, 2, 3, ... in the order threads first write a line, for
 /// the whole process (the same thread has the same number in every log), never reused.
 inline std::uint32_t log_thread_id() noexcept {
@@ -110,7 +102,7 @@ inline std::uint32_t log_thread_id() noexcept {
  * nanoseconds of each other may show their times in the other order; each thread's own times
  * never decrease, and the order of the lines is the order of the calls.
  */
-class log_sink {
+class log_sink final : public allocation_log {
  public:
   /// The longest line (a failure with a long message is cut to fit).
   static constexpr std::size_t max_line = 4096;
@@ -131,6 +123,13 @@ class log_sink {
   }
 
   [[nodiscard]] log_format format() const noexcept { return format_; }
+
+  // allocation_log: a line for an operation, formatted straight into the ring; a failure's
+  // line (the exception being handled, its type and message) on the stack first, it may span
+  // several slots.
+  void ok(log_op op, const void* p, std::size_t bytes, std::size_t alignment,
+          const cudaStream_t* stream) noexcept override;
+  void failed(log_op op, std::size_t bytes, std::size_t alignment, const cudaStream_t* stream) noexcept override;
 
   /// Nanoseconds since the log was made.
   [[nodiscard]] std::uint64_t now_ns() const noexcept {
@@ -491,6 +490,37 @@ inline std::string current_exception_message() {
   }
 }
 
+inline void log_sink::ok(log_op op, const void* p, std::size_t bytes, std::size_t alignment,
+                         const cudaStream_t* stream) noexcept {
+  const log_format f = format_;
+  append_formatted([&](char* w, std::uint64_t time_ns) noexcept {
+    w = put_fields(w, f, time_ns, op, p, true, bytes, alignment, stream);
+    return put(w, f == log_format::csv ? std::string_view(",ok,,\n") : std::string_view(",\"outcome\":\"ok\"}\n"));
+  });
+}
+
+// In the handler of what the allocation threw; must not throw itself (that exception is
+// rethrown after it), so a failure to describe the exception leaves its fields empty.
+inline void log_sink::failed(log_op op, std::size_t bytes, std::size_t alignment, const cudaStream_t* stream) noexcept {
+  std::string type, message;
+  try {
+    type = current_exception_type();
+    message = current_exception_message();
+  } catch (...) {
+  }
+  const std::uint64_t time_ns = now_ns();
+  char line[max_line];
+  char* const end = line + sizeof line - 8;  // room for the closing quote(s), brace and newline
+  const log_format f = format_;
+  char* w = put_fields(line, f, time_ns, op, nullptr, false, bytes, alignment, stream);
+  w = put(w, f == log_format::csv ? std::string_view(",failed,\"") : std::string_view(",\"outcome\":\"failed\",\"exception\":\""));
+  w = put_text(w, std::min(end, w + 512), f, type);  // a type name is cut at 512 bytes
+  w = put(w, f == log_format::csv ? std::string_view("\",\"") : std::string_view("\",\"message\":\""));
+  w = put_text(w, end, f, message);
+  w = put(w, f == log_format::csv ? std::string_view("\"\n") : std::string_view("\"}\n"));
+  append(line, static_cast<std::size_t>(w - line));
+}
+
 /// A resource whose stream-ordered calls take streamalloc's stream_ref (pool_resource, and so
 /// a logging_resource over one): given it as is, so that a resolved stream stays resolved.
 template <class R>
@@ -715,6 +745,7 @@ class logging_resource : public ::cuda::forward_property<logging_resource<Upstre
   template <class U>
     requires ::cuda::mr::resource<U>
   friend class logging_resource;
+  friend struct detail::logging_access;
 
   template <class Allocate>
   void* logged(detail::log_op op, std::size_t bytes, std::size_t alignment, const cudaStream_t* s, Allocate&& allocate) {
@@ -737,35 +768,12 @@ class logging_resource : public ::cuda::forward_property<logging_resource<Upstre
 
   void log_ok(detail::log_op op, const void* p, std::size_t bytes, std::size_t alignment,
               const cudaStream_t* s) noexcept {
-    const log_format f = sink_->format();
-    sink_->append_formatted([&](char* w, std::uint64_t time_ns) noexcept {
-      w = detail::put_fields(w, f, time_ns, op, p, true, bytes, alignment, s);
-      return detail::put(w, f == log_format::csv ? std::string_view(",ok,,\n")
-                                                 : std::string_view(",\"outcome\":\"ok\"}\n"));
-    });
+    sink_->ok(op, p, bytes, alignment, s);
   }
-
-  // In the handler of what the upstream threw; must not throw itself (the upstream's exception
-  // is rethrown after it), so a failure to describe the exception leaves its fields empty.
+  // In the handler of what the upstream threw (which is rethrown after it).
   STREAMALLOC_COLD void log_failure(detail::log_op op, std::size_t bytes, std::size_t alignment,
                                     const cudaStream_t* s) noexcept {
-    std::string type, message;
-    try {
-      type = detail::current_exception_type();
-      message = detail::current_exception_message();
-    } catch (...) {
-    }
-    const std::uint64_t time_ns = sink_->now_ns();
-    char line[detail::log_sink::max_line];
-    char* const end = line + sizeof line - 8;  // room for the closing quote(s), brace and newline
-    const log_format f = sink_->format();
-    char* w = detail::put_fields(line, f, time_ns, op, nullptr, false, bytes, alignment, s);
-    w = detail::put(w, f == log_format::csv ? std::string_view(",failed,\"") : std::string_view(",\"outcome\":\"failed\",\"exception\":\""));
-    w = detail::put_text(w, std::min(end, w + 512), f, type);  // a type name is cut at 512 bytes
-    w = detail::put(w, f == log_format::csv ? std::string_view("\",\"") : std::string_view("\",\"message\":\""));
-    w = detail::put_text(w, end, f, message);
-    w = detail::put(w, f == log_format::csv ? std::string_view("\"\n") : std::string_view("\"}\n"));
-    sink_->append(line, static_cast<std::size_t>(w - line));
+    sink_->failed(op, bytes, alignment, s);
   }
 
   [[noreturn]] STREAMALLOC_COLD static void throw_moved_from(std::string_view what) {

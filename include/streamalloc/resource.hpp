@@ -17,6 +17,7 @@
 #define LIBCUDACXX_ENABLE_EXPERIMENTAL_MEMORY_RESOURCE
 #endif
 
+#include <streamalloc/detail/allocation_log.hpp>
 #include <streamalloc/pool.hpp>
 #include <streamalloc/stream.hpp>
 
@@ -27,6 +28,7 @@
 #include <cstddef>
 #include <cstdio>
 #include <exception>
+#include <memory>
 #include <memory_resource>
 #include <stdexcept>
 #include <string>
@@ -301,6 +303,23 @@ class pmr_resource final : public std::pmr::memory_resource {
     stream_ = s.resolved();
     ordered_ = true;
   }
+  /// As above, from the pool under `r`, a `logging_resource` over a `pool_resource`: every
+  /// allocate and free is a line of `r`'s log (`allocate` and `free`; `allocate_async` and
+  /// `free_async` made with a stream), which stays open while this resource lives.
+  /// @throws std::invalid_argument when `r` was moved from
+  template <class... P>
+  explicit pmr_resource(const logging_resource<pool_resource<P...>>& r) : pmr_resource(r.upstream_resource()) {
+    log_ = detail::logging_access::log_of(r);
+    if (log_ == nullptr) {
+      throw std::invalid_argument("streamalloc::pmr_resource: the logging_resource was moved from (it has no log)");
+    }
+  }
+  /// As above, in the order of `s`.
+  template <class... P>
+  pmr_resource(const logging_resource<pool_resource<P...>>& r, stream_ref s) : pmr_resource(r) {
+    stream_ = s.resolved();
+    ordered_ = true;
+  }
 
   /// The pool it allocates from.
   [[nodiscard]] pool_ref pool() const noexcept { return pool_; }
@@ -314,15 +333,25 @@ class pmr_resource final : public std::pmr::memory_resource {
     detail::check_alignment(alignment, "pmr_resource::allocate");
     // std::pmr never asks for 0 bytes' nullptr: give the smallest block instead.
     const std::size_t n = bytes == 0 ? 1 : bytes;
-    if (alignment <= 256) return ordered_ ? pool_.allocate(n, stream_) : pool_.allocate_sync(n);
-    host_resource r(pool_);
-    return ordered_ ? r.allocate_async(n, alignment, stream_) : r.allocate(n, alignment);
+    const auto allocate = [&] {
+      if (alignment <= 256) return ordered_ ? pool_.allocate(n, stream_) : pool_.allocate_sync(n);
+      host_resource r(pool_);
+      return ordered_ ? r.allocate_async(n, alignment, stream_) : r.allocate(n, alignment);
+    };
+    if (log_ == nullptr) [[likely]] return allocate();
+    const cudaStream_t h = stream_.get();
+    return detail::logged_allocation(log_.get(), ordered_ ? detail::log_op::allocate_async : detail::log_op::allocate,
+                                     bytes, alignment, ordered_ ? &h : nullptr, allocate);
   }
   // Never throws: std::pmr containers free from their destructors, where an exception would
   // end the program (std::terminate). A pointer the pool refuses (foreign, interior, a double
   // free) goes to the bad-free handler, which by default aborts with a message; after the pool
   // was closed its memory is gone already, so there is nothing to free.
   void do_deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept override {
+    if (log_ != nullptr) [[unlikely]] {
+      const cudaStream_t h = stream_.get();
+      log_->ok(ordered_ ? detail::log_op::free_async : detail::log_op::free, p, bytes, alignment, ordered_ ? &h : nullptr);
+    }
     detail::free_or_report(pool_, p, "streamalloc::pmr_resource::deallocate", [&] {
       host_resource r(pool_);
       if (ordered_) {
@@ -340,6 +369,7 @@ class pmr_resource final : public std::pmr::memory_resource {
   pool_ref pool_;
   stream_ref stream_ = stream_ref::legacy_default();
   bool ordered_ = false;
+  std::shared_ptr<detail::allocation_log> log_;  // made from a logging_resource: its log
 };
 
 }  // namespace streamalloc

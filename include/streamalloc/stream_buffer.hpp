@@ -146,6 +146,30 @@ class basic_stream_buffer {
   }
 
   /**
+   * @brief As above, from the pool under `r`, a `logging_resource` over a `pool_resource`: the
+   * buffer's allocations, its growth in place and its frees are lines of `r`'s log
+   * (`allocate_async`, `resize_async`, `free_async`), which stays open while the buffer lives.
+   * The buffer allocates from the pool itself (it grows in place through it), not through `r`.
+   * @throws std::invalid_argument when `r` was moved from, out_of_memory (logged, then thrown)
+   */
+  template <class... Q>
+  basic_stream_buffer(size_type count, stream_ref s, const logging_resource<pool_resource<Q...>>& r)
+      : pool_(detail::state_of(r.upstream_resource().pool())),
+        log_(detail::logging_access::log_of(r)),
+        stream_(s.resolved()) {
+    static_assert(!is_host_accessible || has_property_v<host_accessible, Q...>,
+                  "streamalloc::stream_buffer: this buffer's elements are accessed from host code, but the resource "
+                  "does not claim host_accessible (a device pool's memory cannot be read by the host)");
+    static_assert(!is_device_accessible || has_property_v<device_accessible, Q...>,
+                  "streamalloc::stream_buffer: this buffer is used by kernels, but the resource does not claim "
+                  "device_accessible");
+    if (log_ == nullptr) {
+      throw std::invalid_argument("streamalloc::stream_buffer: the logging_resource was moved from (it has no log)");
+    }
+    allocate_initial(count);
+  }
+
+  /**
    * @brief `count` elements (uninitialized) on `s`, from pool `p`, which must provide the
    * buffer's accessibility (checked when called: a host-accessible buffer needs a host pool).
    * @throws std::invalid_argument for a pool that cannot, out_of_memory
@@ -171,20 +195,22 @@ class basic_stream_buffer {
                   "streamalloc::stream_ref::legacy_default() (or per_thread_default())");
   }
 
-  /// Rejected: anything but a streamalloc pool or pool resource (the buffer grows through its
-  /// pool).
+  /// Rejected: anything but a streamalloc pool, pool resource, or logging resource over one
+  /// (the buffer grows through its pool).
   template <class R>
-    requires(!is_pool_resource_v<std::remove_cvref_t<R>> && !std::is_convertible_v<R, pool_ref>)
+    requires(!is_pool_resource_v<std::remove_cvref_t<R>> && !detail::is_logged_pool_resource_v<std::remove_cvref_t<R>> &&
+             !std::is_convertible_v<R, pool_ref>)
   basic_stream_buffer(size_type, stream_ref, R&&) {
     static_assert(detail::dependent_false_v<R>,
                   "streamalloc::stream_buffer: allocate from a streamalloc pool_resource (device_resource, "
-                  "host_device_resource): the buffer grows in place through its pool");
+                  "host_device_resource) or a logging_resource over one: the buffer grows in place through its pool");
   }
 
   /// Moves the memory; `o` is left empty, on the same stream and pool, and usable (resize
   /// allocates again).
   basic_stream_buffer(basic_stream_buffer&& o) noexcept
       : pool_(o.pool_),
+        log_(o.log_),
         stream_(o.stream_),
         data_(std::exchange(o.data_, nullptr)),
         size_(std::exchange(o.size_, 0)),
@@ -196,6 +222,7 @@ class basic_stream_buffer {
     if (this != &o) {
       release();
       pool_ = o.pool_;
+      log_ = o.log_;
       stream_ = o.stream_;
       data_ = std::exchange(o.data_, nullptr);
       size_ = std::exchange(o.size_, 0);
@@ -445,15 +472,17 @@ class basic_stream_buffer {
     if (data_ != nullptr) {
       if (const std::size_t got = pool_->grow_in_place(data_, bytes, stream_)) {
         capacity_ = got / sizeof(T);
+        log_line(detail::log_op::resize_async, data_, got);
         touch();
         return growth::in_place;
       }
     }
-    T* fresh = static_cast<T*>(pool_->allocate(bytes, stream_, placement::room_to_grow));
+    T* fresh = allocate_bytes(bytes);
     if (data_ != nullptr) {
       try {
         copy_bytes(fresh, data_, size_ * sizeof(T));
       } catch (...) {
+        log_line(detail::log_op::free_async, fresh, bytes);
         pool_->deallocate(fresh, stream_);
         throw;
       }
@@ -480,6 +509,7 @@ class basic_stream_buffer {
     const std::size_t got = pool_->grow_in_place(data_, bytes_for(count), stream_);
     if (got == 0) return false;
     capacity_ = got / sizeof(T);
+    log_line(detail::log_op::resize_async, data_, got);
     touch();
     return true;
   }
@@ -496,13 +526,16 @@ class basic_stream_buffer {
       return;
     }
     order_readers();  // the freed part may have been read on other streams
-    capacity_ = pool_->shrink_in_place(data_, size_bytes(), stream_) / sizeof(T);
+    const std::size_t kept = pool_->shrink_in_place(data_, size_bytes(), stream_);
+    capacity_ = kept / sizeof(T);
+    log_line(detail::log_op::resize_async, data_, kept);
     touch();
   }
 
   /// Exchanges the two buffers: memory, streams and pools.
   void swap(basic_stream_buffer& o) noexcept {
     std::swap(pool_, o.pool_);
+    std::swap(log_, o.log_);
     std::swap(stream_, o.stream_);
     std::swap(data_, o.data_);
     std::swap(size_, o.size_);
@@ -544,9 +577,25 @@ class basic_stream_buffer {
   }
 
   void allocate_initial(size_type count) {
-    data_ = static_cast<T*>(pool_->allocate(bytes_for(count), stream_, placement::room_to_grow));
+    data_ = allocate_bytes(bytes_for(count));
     size_ = capacity_ = count;
     touch();
+  }
+
+  /// `bytes` from the pool on the buffer's stream, placed with room to grow; logged when the
+  /// buffer has a log (an empty request allocates nothing and is not).
+  T* allocate_bytes(size_type bytes) {
+    const auto allocate = [&] { return static_cast<T*>(pool_->allocate(bytes, stream_, placement::room_to_grow)); };
+    if (log_ == nullptr || bytes == 0) [[likely]] return allocate();
+    const cudaStream_t h = stream_.get();
+    return detail::logged_allocation(log_.get(), detail::log_op::allocate_async, bytes, 256, &h, allocate);
+  }
+
+  /// A line of the buffer's log, when it has one (a free is written before the pool frees).
+  void log_line(detail::log_op op, const void* p, std::size_t bytes) const noexcept {
+    if (log_ == nullptr) [[likely]] return;
+    const cudaStream_t h = stream_.get();
+    log_->ok(op, p, bytes, 256, &h);
   }
 
   // The buffer's last use on its stream, for checking proofs made afterwards. `stream_` is
@@ -642,6 +691,7 @@ class basic_stream_buffer {
 
   void free_now() {
     order_readers();
+    log_line(detail::log_op::free_async, data_, capacity_ * sizeof(T));
     pool_->deallocate(data_, stream_);
     data_ = nullptr;
   }
@@ -668,6 +718,7 @@ class basic_stream_buffer {
   }
 
   detail::pool_state* pool_ = nullptr;  // the pool's state: it stays when the pool is moved
+  std::shared_ptr<detail::allocation_log> log_;  // made from a logging_resource: its log
   stream_ref stream_ = stream_ref::legacy_default();
   T* data_ = nullptr;
   size_type size_ = 0;

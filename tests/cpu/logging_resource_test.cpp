@@ -8,6 +8,7 @@
 #include <streamalloc/pool.hpp>
 #include <streamalloc/resource.hpp>
 #include <streamalloc/stream.hpp>
+#include <streamalloc/stream_buffer.hpp>
 
 #include <doctest/doctest.h>
 
@@ -999,6 +1000,78 @@ TEST_SUITE("logging_resource") {
     CHECK(got[1].operation == "free_async");
     CHECK(got[1].pointer == address(q));
   }
+
+  TEST_CASE_TEMPLATE_DEFINE("the pool's other users write to the log: stream_buffer and pmr_resource", F, logging_users) {
+    pool p;
+    pool host_pool(pool_properties{.location = memory_location::host_numa(0)});
+    stream s(0);
+    const auto hs = handle_of(s.get());
+    std::ostringstream out;
+    const auto made = std::chrono::steady_clock::now();
+    std::vector<expected> did;
+    {
+      logging_resource mr(device_resource(p), out, F::value);
+      logging_resource host_mr(host_resource(host_pool), mr);  // the same log
+      {
+        stream_buffer<int> b(1000, s, mr);
+        did.push_back({"allocate_async", address(b.data()), 4000, 256, hs});
+        CHECK(p.owns(b.data()));
+        CHECK(p.statistics().used_current >= 4000);
+        // Growth in place is a resize of the same address; the capacity it reports is logged.
+        REQUIRE(b.try_reserve_in_place(100000));
+        CHECK(b.capacity() >= 100000);
+        did.push_back({"resize_async", address(b.data()), b.capacity() * sizeof(int), 256, hs});
+        b.shrink_to_fit();  // size 1000: back to what the elements need, in the pool's blocks
+        CHECK(b.capacity() >= 1000);
+        CHECK(b.capacity() < 100000);
+        const std::size_t kept = b.capacity() * sizeof(int);
+        did.push_back({"resize_async", address(b.data()), kept, 256, hs});
+        // A moved buffer keeps the log; the moved-from one too (it allocates again on resize).
+        stream_buffer<int> taken(std::move(b));
+        (void)b.resize(10);
+        did.push_back({"allocate_async", address(b.data()), 40, 256, hs});
+        const void* first = taken.data();
+        taken = stream_buffer<int>(0, s, mr);  // an empty buffer allocates nothing, logs nothing
+        did.push_back({"free_async", address(first), kept, 256, hs});
+        did.push_back({"free_async", address(b.data()), 40, 256, hs});  // b's destructor, below
+      }
+      CHECK(p.statistics().live_allocations == 0);
+      {
+        // A std::pmr resource over the host pool under a logging resource: synchronous...
+        pmr_resource sync_mr(host_mr);
+        std::pmr::memory_resource& base = sync_mr;
+        void* x = base.allocate(3000, 512);
+        did.push_back({"allocate", address(x), 3000, 512, std::nullopt});
+        CHECK(host_pool.owns(x));
+        base.deallocate(x, 3000, 512);
+        did.push_back({"free", address(x), 3000, 512, std::nullopt});
+        // ... and in the order of a stream.
+        pmr_resource ordered_mr(host_mr, s);
+        void* y = static_cast<std::pmr::memory_resource&>(ordered_mr).allocate(64, 8);
+        did.push_back({"allocate_async", address(y), 64, 8, hs});
+        static_cast<std::pmr::memory_resource&>(ordered_mr).deallocate(y, 64, 8);
+        did.push_back({"free_async", address(y), 64, 8, hs});
+        // A failure is logged with its exception, then thrown.
+        host_pool.set_release_threshold(0);
+        CHECK_THROWS_AS((void)base.allocate(std::size_t{1} << 61, 256), out_of_memory);
+        did.push_back({"allocate", std::nullopt, std::size_t{1} << 61, 256, std::nullopt, "failed",
+                       "streamalloc::out_of_memory", ""});
+      }
+      CHECK(host_pool.statistics().live_allocations == 0);
+      // A moved-from logging resource has no log to give.
+      logging_resource moved(std::move(mr));
+      CHECK_THROWS_WITH_AS((stream_buffer<int>(10, s, mr)), doctest::Contains("moved from"), std::invalid_argument);
+      logging_resource moved_host(std::move(host_mr));
+      CHECK_THROWS_WITH_AS((pmr_resource(host_mr)), doctest::Contains("moved from"), std::invalid_argument);
+    }
+    auto got = parse(out.str(), F::value);
+    // The failure's message is the pool's; the test checks that it names the request.
+    REQUIRE(got.size() == did.size());
+    CHECK(got.back().message.find(std::to_string(std::size_t{1} << 61)) != std::string::npos);
+    did.back().message = got.back().message;
+    check_lines(got, did, ns_since(made));
+  }
+  TEST_CASE_TEMPLATE_INVOKE(logging_users, csv_format, json_format);
 
   TEST_CASE("over any resource: CCCL's resource ref, another logging_resource, a synchronous-only one") {
     pool p;

@@ -4,8 +4,10 @@
 // call, each field what was done. The CPU test (tests/cpu/logging_resource_test.cpp) parses the
 // formats in full; here each line is compared as text, all but its time and thread number.
 
+#include <streamalloc/device_arena.hpp>
 #include <streamalloc/logging_resource.hpp>
 #include <streamalloc/resource.hpp>
+#include <streamalloc/stream_buffer.hpp>
 
 #include <doctest/doctest.h>
 
@@ -124,6 +126,17 @@ struct temp_log {
   }
   std::filesystem::path path;
 };
+
+/// Each thread takes 64 bytes from the arena and writes its index there; a refusal counts.
+__global__ void arena_fill_kernel(device_arena_view arena, unsigned* refused) {
+  const unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+  auto* p = static_cast<unsigned*>(arena.allocate(64, 16));
+  if (p == nullptr) {
+    atomicAdd(refused, 1u);
+    return;
+  }
+  for (int k = 0; k < 16; ++k) p[k] = i;
+}
 
 }  // namespace logging_resource_gpu_test
 
@@ -296,4 +309,85 @@ TEST_CASE("logging_resource from four threads on their own streams: one line per
     last_time[l.thread] = l.time_ns;
   }
   CHECK(p.statistics().live_allocations == 0);
+}
+
+TEST_CASE("logging_resource's log also holds what stream_buffer, device_arena and pmr_resource take from its pool") {
+  using namespace logging_resource_gpu_test;
+  pool p;
+  pool hp(pool_properties{.location = memory_location::host_numa(0)});
+  stream s(0);
+  std::ostringstream out;
+  std::vector<std::string> did;
+  const log_format f = log_format::csv;
+  {
+    logging_resource mr(device_resource(p), out, f);
+    logging_resource host_mr(host_resource(hp), mr);  // the same log
+    {
+      // A buffer filled by a kernel, grown (in place, or moved and copied on its stream: the
+      // log says which), its contents checked after the growth.
+      stream_buffer<std::uint32_t> b(256 * 1024, s, mr);
+      did.push_back(fields(f, "allocate_async", b.data(), MiB, 256, s.get()));
+      fill_async(b.data(), MiB, 21, s.get());
+      // A neighbour right behind it, so that the growth cannot happen in place.
+      stream_buffer<std::uint32_t> behind(256 * 1024, s, mr);
+      did.push_back(fields(f, "allocate_async", behind.data(), MiB, 256, s.get()));
+      const void* before = b.data();
+      const growth g = b.reserve(16 * 256 * 1024);
+      if (g == growth::in_place) {
+        CHECK(b.data() == before);
+        did.push_back(fields(f, "resize_async", b.data(), b.capacity() * 4, 256, s.get()));
+      } else {
+        REQUIRE(g == growth::moved);
+        CHECK(b.data() != before);
+        did.push_back(fields(f, "allocate_async", b.data(), 16 * MiB, 256, s.get()));
+        did.push_back(fields(f, "free_async", before, MiB, 256, s.get()));
+      }
+      CHECK(mismatches_on(b.data(), MiB, 21, s.get()) == 0);
+      did.push_back(fields(f, "free_async", behind.data(), MiB, 256, s.get()));  // destroyed first
+      did.push_back(fields(f, "free_async", b.data(), b.capacity() * 4, 256, s.get()));
+    }
+    {
+      // An arena: its memory is one line when taken and one when freed; kernels allocate from it.
+      device_arena arena(1 * MiB, s, mr);
+      stream_buffer<unsigned> refused(1, s, p);  // from the pool itself: not logged
+      SA_CUDA_REQUIRE(cudaMemsetAsync(refused.data(), 0, sizeof(unsigned), s.get()));
+      arena_fill_kernel<<<64, 256, 0, s.get()>>>(arena.view(), refused.data());
+      SA_CUDA_REQUIRE(cudaGetLastError());
+      const device_arena_usage u = arena.usage();
+      CHECK(u.used >= 64 * 256 * 64);
+      CHECK(u.failures == 0);
+      unsigned host_refused = 1;
+      SA_CUDA_REQUIRE(cudaMemcpyAsync(&host_refused, refused.data(), sizeof host_refused, cudaMemcpyDeviceToHost, s.get()));
+      SA_CUDA_REQUIRE(cudaStreamSynchronize(s.get()));
+      CHECK(host_refused == 0);
+      // The arena's memory starts with its counters; the line names the whole allocation.
+      const auto found = p.find_allocation(arena.view().base());
+      REQUIRE(found.has_value());
+      const std::size_t taken = detail::arena_header_bytes + 1 * MiB;
+      CHECK(found->second >= taken);
+      did.push_back(fields(f, "allocate_async", found->first, taken, 256, s.get()));
+      did.push_back(fields(f, "free_async", found->first, taken, 256, s.get()));
+    }
+    {
+      // A std::pmr vector over the host pool, through the same log: host code fills and reads it.
+      pmr_resource pmr(host_mr);
+      std::pmr::vector<std::uint64_t> v(&pmr);
+      v.reserve(1000);
+      did.push_back(fields(f, "allocate", v.data(), 8000, alignof(std::uint64_t), std::nullopt));
+      for (std::uint64_t i = 0; i < 1000; ++i) v.push_back(i * i);
+      std::uint64_t wrong = 0;
+      for (std::uint64_t i = 0; i < 1000; ++i) wrong += v[i] != i * i ? 1 : 0;
+      CHECK(wrong == 0);
+      did.push_back(fields(f, "free", v.data(), 8000, alignof(std::uint64_t), std::nullopt));
+    }
+  }
+  (void)s.synchronize();
+  CHECK(p.statistics().live_allocations == 0);
+  CHECK(hp.statistics().live_allocations == 0);
+  const auto got = split(out.str(), f);
+  REQUIRE(got.size() == did.size());
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    CAPTURE(i);
+    CHECK(got[i].rest == did[i]);
+  }
 }
