@@ -11,9 +11,11 @@
 
 #include "fake_driver.hpp"
 
+#include <chrono>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <thread>
 
 using namespace streamalloc;
 using streamalloc_test::MiB;
@@ -36,6 +38,12 @@ std::size_t count_of(const std::string& doc, const std::string& part) {
   return n;
 }
 
+/// The age_ms of a block's JSON text; -1 without one.
+long long age_of(const std::string& block) {
+  const auto at = block.find("\"age_ms\": ");
+  return at == std::string::npos ? -1 : std::stoll(block.substr(at + 10));
+}
+
 pool_properties limited(std::size_t max) {
   pool_properties p;
   p.chunk_size = 2 * MiB;
@@ -53,13 +61,22 @@ TEST_CASE("a snapshot lists every block with its state, and the streams' live an
   stream s0, s1;
   void* a = p.allocate(MiB, s0);
   void* b = p.allocate(3 * 256, s0);
+  // Live blocks carry their age (the coarse clock's: a few ms of resolution).
+  std::this_thread::sleep_for(std::chrono::milliseconds(80));
   void* c = p.allocate(MiB, s1);
   p.deallocate(b, s0);
   const std::string doc = p.snapshot();
   CHECK(doc.front() == '{');
   CHECK(doc.back() == '}');
-  CHECK(block_at(doc, a) == "{\"address\": " + addr(a) + ", \"bytes\": " + std::to_string(MiB) + ", \"state\": \"live\"}");
+  const std::string a_text = block_at(doc, a);
+  CHECK(a_text.rfind("{\"address\": " + addr(a) + ", \"bytes\": " + std::to_string(MiB) + ", \"state\": \"live\", \"age_ms\": ", 0) == 0);
+  CHECK(age_of(a_text) >= 70);
+  CHECK(age_of(a_text) < 60000);
   CHECK(block_at(doc, c).find("\"state\": \"live\"") != std::string::npos);
+  CHECK(age_of(block_at(doc, c)) >= 0);
+  CHECK(age_of(block_at(doc, c)) + 60 <= age_of(a_text));
+  CHECK(age_of(block_at(doc, b)) == -1);  // freed: its free's stream and stamp instead
+  CHECK(doc.find("\"age_resolution_ns\": ") != std::string::npos);
   // b's free waits on s0 (the fake driver runs nothing until asked): pending, naming the stream.
   const std::string freed = block_at(doc, b);
   CHECK(freed.find("\"bytes\": 768") != std::string::npos);

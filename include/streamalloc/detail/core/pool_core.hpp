@@ -35,6 +35,7 @@
 #include <streamalloc/detail/core/block.hpp>
 #include <streamalloc/detail/core/block_chain.hpp>
 #include <streamalloc/detail/core/chunk_space.hpp>
+#include <streamalloc/detail/core/coarse_clock.hpp>
 #include <streamalloc/detail/core/completion.hpp>
 #include <streamalloc/detail/core/free_bins.hpp>
 #include <streamalloc/detail/core/graph_segments.hpp>
@@ -102,6 +103,7 @@ struct core_snapshot {
     graph_use use = graph_use::live;  ///< in state graph
     std::uint64_t stream = 0;         ///< pending: the stream whose free it waits on
     std::uint64_t stamp = 0;          ///< that free's stamp on the stream
+    std::uint64_t since = 0;          ///< live: when it was allocated (coarse_clock.hpp)
   };
   struct stream_view {
     std::uint64_t id = 0, handle = 0;
@@ -114,6 +116,7 @@ struct core_snapshot {
   std::vector<block_view> blocks;                                            ///< by address
   std::vector<stream_view> streams;
   std::uint64_t granularity = 0, chunk_size = 0, max_size = 0, largest_free = 0;
+  std::uint64_t now = 0;  ///< coarse_clock.hpp's time when the snapshot was taken, for ages
   std::size_t graphs = 0, graph_blocks = 0;
   pool_history::contents history;
 };
@@ -216,6 +219,7 @@ class pool_core final : public completion_listener {
     set_state(b, block_state::live);
     streams_.account_allocate(st, b->size);
     st.lock.unlock();
+    b->since = coarse_now_ns();
     live_.insert(b->addr, b);
     if (history_.on()) [[unlikely]] history_.note(history_op::allocate, st.record->id(), b->addr, b->size);
     return b->addr;
@@ -530,6 +534,7 @@ class pool_core final : public completion_listener {
     take(b, n);
     set_state(b, block_state::live);
     streams_.account_allocate(st, b->size);
+    b->since = coarse_now_ns();
     live_.insert(b->addr, b);
     if (history_.on()) [[unlikely]] history_.note(history_op::allocate, st.record->id(), b->addr, b->size);
     return b->addr;

@@ -130,6 +130,7 @@ inline std::string snapshot_json(int device, const pool_properties& props, const
     }
     w.close(']');
   };
+  w.field("age_resolution_ns", coarse_resolution_ns());
   ranges("reservations", c.reservations);
   ranges("chunks", c.chunks);
   w.open("blocks", '[');
@@ -143,6 +144,8 @@ inline std::string snapshot_json(int device, const pool_properties& props, const
       w.field("stream", b.stream);
       w.field("stamp", b.stamp);
     }
+    // A live block's: since its allocation, on the coarse clock.
+    if (b.since != 0 && c.now >= b.since) w.field("age_ms", (c.now - b.since) / 1000000u);
     w.close('}');
   }
   w.close(']');
