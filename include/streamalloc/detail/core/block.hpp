@@ -52,8 +52,8 @@ struct alignas(64) block {
   // descriptors carry (0: never exported since allocated), and the imports not yet released.
   std::uint64_t export_serial = 0;
   std::uint32_t imports = 0;
-  /// When it was last allocated (coarse_clock.hpp; 0: never): the age a snapshot shows of a
-  /// live block. Fits the block's two cache lines.
+  /// When it was allocated, if the pool's history was on then (pool_history::now_ns; else 0):
+  /// the age a snapshot shows of a live block. Fits the block's two cache lines.
   std::uint64_t since = 0;
 };
 static_assert(sizeof(block) == 128, "a block is two cache lines");

@@ -35,7 +35,6 @@
 #include <streamalloc/detail/core/block.hpp>
 #include <streamalloc/detail/core/block_chain.hpp>
 #include <streamalloc/detail/core/chunk_space.hpp>
-#include <streamalloc/detail/core/coarse_clock.hpp>
 #include <streamalloc/detail/core/completion.hpp>
 #include <streamalloc/detail/core/free_bins.hpp>
 #include <streamalloc/detail/core/graph_segments.hpp>
@@ -103,7 +102,7 @@ struct core_snapshot {
     graph_use use = graph_use::live;  ///< in state graph
     std::uint64_t stream = 0;         ///< pending: the stream whose free it waits on
     std::uint64_t stamp = 0;          ///< that free's stamp on the stream
-    std::uint64_t since = 0;          ///< live: when it was allocated (coarse_clock.hpp)
+    std::uint64_t since = 0;          ///< live, allocated while the history was on: when (pool_history::now_ns)
   };
   struct stream_view {
     std::uint64_t id = 0, handle = 0;
@@ -116,7 +115,7 @@ struct core_snapshot {
   std::vector<block_view> blocks;                                            ///< by address
   std::vector<stream_view> streams;
   std::uint64_t granularity = 0, chunk_size = 0, max_size = 0, largest_free = 0;
-  std::uint64_t now = 0;  ///< coarse_clock.hpp's time when the snapshot was taken, for ages
+  std::uint64_t now = 0;  ///< pool_history::now_ns when the snapshot was taken, for ages
   std::size_t graphs = 0, graph_blocks = 0;
   pool_history::contents history;
 };
@@ -219,9 +218,8 @@ class pool_core final : public completion_listener {
     set_state(b, block_state::live);
     streams_.account_allocate(st, b->size);
     st.lock.unlock();
-    b->since = coarse_now_ns();
+    if (history_.ever_on()) [[unlikely]] note_allocation(b, st);
     live_.insert(b->addr, b);
-    if (history_.on()) [[unlikely]] history_.note(history_op::allocate, st.record->id(), b->addr, b->size);
     return b->addr;
   }
 
@@ -514,6 +512,20 @@ class pool_core final : public completion_listener {
   static void set_state(block* b, block_state s) noexcept {
     std::atomic_ref<block_state>(b->state).store(s, std::memory_order_release);
   }
+  /// The history's event for `b`'s allocation, and its time on the block (0 with the history
+  /// off now). Before the block is live, so that no free of it can come first.
+  [[gnu::cold, gnu::noinline]] void note_allocation(block* b, state& st) noexcept {
+    const std::uint64_t t = history_.on() ? history_.note(history_op::allocate, st.record->id(), b->addr, b->size) : 0;
+    set_since(b, t);
+  }
+  // A live block's allocation time, read by snapshots under the pool lock while the fast path,
+  // which does not take it, allocates the block again.
+  static void set_since(block* b, std::uint64_t t) noexcept {
+    std::atomic_ref<std::uint64_t>(b->since).store(t, std::memory_order_relaxed);
+  }
+  static std::uint64_t since_of(block* b) noexcept {
+    return std::atomic_ref<std::uint64_t>(b->since).load(std::memory_order_relaxed);
+  }
 
   std::uint64_t cache_limit() const noexcept {
     return std::max<std::uint64_t>(256ull << 20, space_.held_seen() / 4);
@@ -534,9 +546,8 @@ class pool_core final : public completion_listener {
     take(b, n);
     set_state(b, block_state::live);
     streams_.account_allocate(st, b->size);
-    b->since = coarse_now_ns();
+    if (history_.ever_on()) [[unlikely]] note_allocation(b, st);
     live_.insert(b->addr, b);
-    if (history_.on()) [[unlikely]] history_.note(history_op::allocate, st.record->id(), b->addr, b->size);
     return b->addr;
   }
 

@@ -49,6 +49,9 @@ struct history_event {
 class pool_history {
  public:
   [[nodiscard]] bool on() const noexcept { return on_.load(std::memory_order_relaxed); }
+  /// On now, or ever before: blocks allocated then carry their time, and a block allocated
+  /// again must have it cleared. Until then an allocation checks this one flag, as `on()`.
+  [[nodiscard]] bool ever_on() const noexcept { return ever_on_.load(std::memory_order_relaxed); }
 
   /// Keeps the last `capacity` events from now on (0: switches it off and forgets them).
   void keep(std::size_t capacity) {
@@ -66,14 +69,24 @@ class pool_history {
       r->start_ns.store(now_ns(), std::memory_order_relaxed);
     }
     ring_.store(r, std::memory_order_release);
+    if (capacity != 0) ever_on_.store(true, std::memory_order_relaxed);
     on_.store(capacity != 0, std::memory_order_release);
   }
 
-  void note(history_op op, std::uint64_t stream, std::uint64_t address, std::uint64_t bytes) noexcept {
+  /// The steady clock in nanoseconds: the times of events, and of blocks' allocations.
+  static std::int64_t now_ns() noexcept {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
+
+  /// Records an event; returns the steady clock's time it was given (now_ns), 0 if the
+  /// history was switched off meanwhile.
+  std::uint64_t note(history_op op, std::uint64_t stream, std::uint64_t address, std::uint64_t bytes) noexcept {
     ring* r = ring_.load(std::memory_order_acquire);
     const std::size_t used = r != nullptr ? r->used.load(std::memory_order_relaxed) : 0;
-    if (used == 0) return;
-    const std::int64_t t = now_ns() - r->start_ns.load(std::memory_order_relaxed);
+    if (used == 0) return 0;
+    const std::int64_t now = now_ns();
+    const std::int64_t t = now - r->start_ns.load(std::memory_order_relaxed);
     const std::uint64_t n = r->next.fetch_add(1, std::memory_order_relaxed);
     slot& s = r->slots[n % used];
     // Marked as being written before any field changes (the acquire half of the exchange
@@ -85,6 +98,7 @@ class pool_history {
     s.bytes.store(bytes, std::memory_order_relaxed);
     s.op.store(op, std::memory_order_relaxed);
     s.number.store(n + 1, std::memory_order_release);
+    return static_cast<std::uint64_t>(std::max<std::int64_t>(now, 1));
   }
 
   /// The events kept, oldest first, and how many were dropped before them (or skipped while
@@ -132,12 +146,9 @@ class pool_history {
     alignas(64) std::atomic<std::uint64_t> next{0};
     std::atomic<std::int64_t> start_ns{0};
   };
-  static std::int64_t now_ns() noexcept {
-    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-        .count();
-  }
 
   std::atomic<bool> on_{false};
+  std::atomic<bool> ever_on_{false};
   std::atomic<ring*> ring_{nullptr};
   std::mutex keep_mutex_;
   std::vector<std::unique_ptr<ring>> rings_;  // every ring made, freed with the pool

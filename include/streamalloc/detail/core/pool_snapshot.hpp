@@ -23,7 +23,7 @@ core_snapshot pool_core<Backend>::snapshot() {
   s.history = history_.read();
   const capture_guard relaxed(backend_);
   std::lock_guard lock(mutex_);
-  s.now = coarse_now_ns();
+  s.now = static_cast<std::uint64_t>(pool_history::now_ns());
   streams_.for_each([&](state& st) { flush_cache(st); });
   s.reservations = space_.reservations();
   for (const auto& [va, c] : space_.chunks()) s.chunks.emplace_back(va, c.size);
@@ -43,7 +43,7 @@ core_snapshot pool_core<Backend>::snapshot() {
         v.stamp = b->stamp;
       }
       if (v.state == block_state::graph) v.use = b->use;
-      if (v.state == block_state::live) v.since = b->since;
+      if (v.state == block_state::live) v.since = since_of(b);
       s.blocks.push_back(v);
     }
   }

@@ -130,7 +130,6 @@ inline std::string snapshot_json(int device, const pool_properties& props, const
     }
     w.close(']');
   };
-  w.field("age_resolution_ns", coarse_resolution_ns());
   ranges("reservations", c.reservations);
   ranges("chunks", c.chunks);
   w.open("blocks", '[');
@@ -144,7 +143,7 @@ inline std::string snapshot_json(int device, const pool_properties& props, const
       w.field("stream", b.stream);
       w.field("stamp", b.stamp);
     }
-    // A live block's: since its allocation, on the coarse clock.
+    // A live block allocated while the history was on: since its allocation.
     if (b.since != 0 && c.now >= b.since) w.field("age_ms", (c.now - b.since) / 1000000u);
     w.close('}');
   }
