@@ -277,7 +277,8 @@ inline constexpr bool is_pool_resource_v<pool_resource<P...>> = true;
  * allocation is usable by the host at once, each free promises nothing uses the memory. Made
  * with a stream, it allocates and frees in that stream's order instead: the memory is then for
  * work on that stream, and the host may touch it only where nothing else on the stream does.
- * Equal to another `pmr_resource` over the same pool and stream. Frees never throw (containers
+ * Equal to another `pmr_resource` over the same pool and stream, writing to the same log if any
+ * (so that memory freed through the other is in the log that holds its allocation). Frees never throw (containers
  * free from destructors): a pointer the pool refuses goes to the bad-free handler
  * (`set_bad_free_handler`; by default a message, then abort), and a free after the pool was
  * closed does nothing.
@@ -363,7 +364,8 @@ class pmr_resource final : public std::pmr::memory_resource {
   }
   bool do_is_equal(const std::pmr::memory_resource& other) const noexcept override {
     const auto* o = dynamic_cast<const pmr_resource*>(&other);
-    return o != nullptr && o->pool_ == pool_ && o->ordered_ == ordered_ && (!ordered_ || o->stream_ == stream_);
+    return o != nullptr && o->pool_ == pool_ && o->ordered_ == ordered_ && (!ordered_ || o->stream_ == stream_) &&
+           o->log_ == log_;
   }
 
   pool_ref pool_;

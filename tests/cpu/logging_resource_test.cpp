@@ -1045,6 +1045,9 @@ TEST_SUITE("logging_resource") {
         CHECK(host_pool.owns(x));
         base.deallocate(x, 3000, 512);
         did.push_back({"free", address(x), 3000, 512, std::nullopt});
+        // Equal to another over the same pool writing to the same log, not to one without it.
+        CHECK(sync_mr == pmr_resource(host_mr));
+        CHECK(sync_mr != pmr_resource(host_resource(host_pool)));
         // ... and in the order of a stream.
         pmr_resource ordered_mr(host_mr, s);
         void* y = static_cast<std::pmr::memory_resource&>(ordered_mr).allocate(64, 8);
