@@ -343,6 +343,54 @@ TEST_CASE("defragmentation: a request that fits only after remapping succeeds wi
   CHECK(bad.read() == 0);
 }
 
+TEST_CASE("defragmentation and growth: free chunks moved next to new memory for the rest of a request") {
+  SA_CUDA_REQUIRE(cudaSetDevice(0));
+  for (const bool running : {true, false}) {
+    CAPTURE(running);
+    pool_properties props;
+    props.chunk_size = 2 * MiB;
+    props.release_threshold = SIZE_MAX;
+    pool p(props);
+    stream s(0), other(0);
+    std::vector<void*> x;
+    for (int i = 0; i < 4; ++i) {
+      x.push_back(p.allocate(2 * MiB, s));
+      fill_async(x.back(), 2 * MiB, 40 + i, s.get());
+    }
+    // A kernel that writes block 0 for a long while, then frees of blocks 0 and 2 behind it.
+    slow_fill_kernel<<<1, 32, 0, s.get()>>>(static_cast<std::uint32_t*>(x[0]), 2 * MiB / 4, 44, busy_cycles);
+    p.deallocate(x[0], s);
+    p.deallocate(x[2], s);
+    if (!running) s.synchronize();
+    const auto before = p.statistics();
+    CHECK(before.reserved_current == 8 * MiB);
+    // 6 MiB asked on another stream, 4 MiB free in two chunks between live blocks.
+    void* y = p.allocate(6 * MiB, other);
+    const auto after = p.statistics();
+    if (running) {
+      // The kernel still runs on block 0: neither freed chunk may move; the pool grows by 6 MiB.
+      CHECK(after.reserved_current == 14 * MiB);
+      CHECK(after.remapped_chunks == before.remapped_chunks);
+    } else {
+      // Both moved next to a new 2 MiB handle: the pool grew by what they lacked.
+      CHECK(after.reserved_current == 10 * MiB);
+      CHECK(after.remapped_chunks == before.remapped_chunks + 2);
+    }
+    counter bad;
+    fill_async(y, 6 * MiB, 50, other.get());
+    check_async(y, 6 * MiB, 50, bad.d, other.get());
+    other.synchronize();
+    if (running) check_async(x[0], 2 * MiB, 44, bad.d, s.get());  // the slow kernel's writes, intact
+    check_async(x[1], 2 * MiB, 41, bad.d, s.get());  // the live blocks kept their data
+    check_async(x[3], 2 * MiB, 43, bad.d, s.get());
+    s.synchronize();
+    CHECK(bad.read() == 0);
+    p.deallocate(y, other);
+    p.deallocate(x[1], s);
+    p.deallocate(x[3], s);
+  }
+}
+
 TEST_CASE("maximum size and device memory: out_of_memory, and the pool stays usable") {
   SA_CUDA_REQUIRE(cudaSetDevice(0));
   pool_properties props;

@@ -373,6 +373,45 @@ TEST_CASE("defragmentation: a request that fits only after remapping, without gr
   CHECK(f.dev->is_mapped(p[3], 2 * MiB));
 }
 
+TEST_CASE("defragmentation and growth: free chunks remapped next to a new handle for what they lack") {
+  for (const bool synchronized : {true, false}) {
+    CAPTURE(synchronized);
+    core_options o;
+    o.chunk_size = 2 * MiB;
+    o.release_threshold = ~0ull;
+    fixture f(o);
+    auto s = make_stream();
+    std::vector<std::uint64_t> p;
+    for (int i = 0; i < 4; ++i) p.push_back(f.pool->allocate(2 * MiB, s.key()));
+    if (!synchronized) f.dev->busy.insert(s.native);  // s's work has not run: its frees neither
+    f.pool->deallocate(p[0], s.key());
+    f.pool->deallocate(p[2], s.key());
+    if (synchronized) host_sync(*f.dev, s);
+    // 6 MiB asked, 4 MiB free in two whole chunks, two holes between live blocks.
+    auto other = make_stream();  // a stream without proof of s's order: only clear chunks help it
+    const auto q = f.pool->allocate(6 * MiB, other.key());
+    CHECK(f.dev->is_mapped(q, 6 * MiB));
+    const auto st = f.pool->statistics();
+    if (synchronized) {
+      // The two free chunks moved next to a new 2 MiB handle: the pool grew by what they lacked.
+      CHECK(st.reserved_current == 10 * MiB);
+      CHECK(st.remapped_chunks == 2);
+    } else {
+      // Freed but not known complete: their memory may still be in use, so nothing moves.
+      CHECK(st.reserved_current == 14 * MiB);
+      CHECK(st.remapped_chunks == 0);
+      CHECK(f.dev->is_mapped(p[0], 2 * MiB));
+      CHECK(f.dev->is_mapped(p[2], 2 * MiB));
+    }
+    CHECK(f.dev->is_mapped(p[1], 2 * MiB));
+    CHECK(f.dev->is_mapped(p[3], 2 * MiB));
+    f.pool->deallocate(q, other.key());
+    f.pool->deallocate(p[1], s.key());
+    f.pool->deallocate(p[3], s.key());
+    f.dev->run_all();
+  }
+}
+
 TEST_CASE("the limit and the device's memory end in core_out_of_memory, with the state named") {
   core_options o;
   o.max_size = 64 * MiB;

@@ -672,6 +672,9 @@ class pool_core final : public completion_listener {
   void cut_out(std::uint64_t va, std::uint64_t size);
   /// Remaps whole free chunks next to each other when together they would hold `n` bytes.
   block* defragment(std::uint64_t n, state& st);
+  /// When whole free chunks hold part of `n` bytes: remaps them next to each other and maps a
+  /// new handle for the rest right after them, so the pool grows by what it lacks, not by `n`.
+  block* defragment_and_grow(std::uint64_t n, state& st);
   /// Releases whole free chunks until at most `keep` free bytes remain; returns the bytes released.
   std::uint64_t release_free_chunks(std::uint64_t keep);
 

@@ -273,6 +273,36 @@ block* pool_core<Backend>::defragment(std::uint64_t n, state& st) {
   return find_usable(n, st);
 }
 
+template <pool_backend Backend>
+block* pool_core<Backend>::defragment_and_grow(std::uint64_t n, state& st) {
+  auto movable = free_chunks();
+  std::uint64_t total = 0;
+  for (auto& m : movable) total += m.size;
+  // Worth its remaps only when the free chunks spare a good part of the growth.
+  if (total == 0 || total >= n || total < std::max(options_.chunk_size, n / 4)) return nullptr;
+  const std::uint64_t need = round_up(n - total, space_.granularity());
+  if (options_.max_size != 0 && space_.held() + need > options_.max_size) return nullptr;
+  handle h{};
+  if (backend_.create(need, h) != CUDA_SUCCESS) return nullptr;
+  const std::optional<std::uint64_t> at = space_.take_or_reserve(total + need);
+  if (!at) {
+    backend_.release(h);
+    return nullptr;
+  }
+  std::uint64_t dst = *at;
+  for (auto& m : movable) {
+    cut_out(m.va, m.size);
+    place_chunk(dst, space_.unmap(m.va), &clear_, &st);
+    if (history_.on()) [[unlikely]] history_.note(history_op::remap, st.record->id(), dst, m.size);
+    dst += m.size;
+    space_.note_remap();
+  }
+  space_.note_growth(need);
+  if (history_.on()) [[unlikely]] history_.note(history_op::grow, st.record->id(), dst, need);
+  place_chunk(dst, chunk{need, std::move(h)}, &clear_, &st);
+  return find_usable(n, st);
+}
+
 /// Releases whole free chunks, highest address first, until free memory is at most `keep`.
 /// Returns the bytes released.
 template <pool_backend Backend>

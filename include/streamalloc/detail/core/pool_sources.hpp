@@ -27,6 +27,7 @@ block* pool_core<Backend>::find_memory(std::uint64_t n, state& st, stream_key s,
   }
   if (b == nullptr) b = join_adjacent(n, st);
   if (b == nullptr) b = defragment(n, st);
+  if (b == nullptr) b = defragment_and_grow(n, st);
   if (b == nullptr) b = grow(n, st, where);
   if (b == nullptr && may_wait) b = wait_for_pending(n, st, s);
   if (b == nullptr) {
