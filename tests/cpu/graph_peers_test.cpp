@@ -149,30 +149,36 @@ TEST_CASE("the graph's peers follow its memory onto a stream's shared pages") {
 
 TEST_CASE("bad access descriptors are refused before the pool gives anything, naming what was wrong") {
   pool p0(peers_pool());
-  captured_graph g = make_graph();
-  const access_descriptor host{memory_location::host(), access_flags::read_write};
-  const access_descriptor read1{memory_location::device(1), access_flags::read};
-  const access_descriptor none1{memory_location::device(1), access_flags::none};
-  const access_descriptor not_peer{memory_location::device(2), access_flags::read_write};
-  const access_descriptor missing{memory_location::device(7), access_flags::read_write};
-  CHECK_THROWS_WITH_AS((void)add_allocation(g, p0, MiB, {}, {&host, 1}), doctest::Contains("are devices"),
-                       std::invalid_argument);
-  CHECK_THROWS_WITH_AS((void)add_allocation(g, p0, MiB, {}, {&read1, 1}), doctest::Contains("read_write only"),
-                       std::invalid_argument);
-  CHECK_THROWS_WITH_AS((void)add_allocation(g, p0, MiB, {}, {&none1, 1}), doctest::Contains("read_write only"),
-                       std::invalid_argument);
-  CHECK_THROWS_WITH_AS((void)add_allocation(g, p0, MiB, {}, {&not_peer, 1}),
-                       doctest::Contains("device 2 cannot access the memory of device 0"), not_supported);
-  CHECK_THROWS_WITH_AS((void)add_allocation(g, p0, MiB, {}, {&missing, 1}), doctest::Contains("no device 7"),
-                       std::invalid_argument);
-  CHECK(g.graph_memory_holds() == 0);
-  CHECK(p0.statistics().graph_reserved_current == 0);
-  // The pool's own device may be named: it has access anyway, and nothing more is granted.
-  const access_descriptor own{memory_location::device(0), access_flags::read_write};
-  graph_allocation a = add_allocation(g, p0, MiB, {}, {&own, 1});
-  CHECK(g.graph_memory_holds() == 1);
-  CHECK(device_access(0, a.get()) == access_flags::read_write);
-  CHECK(device_access(1, a.get()) == access_flags::none);
+  {
+    captured_graph g = make_graph();
+    const access_descriptor host{memory_location::host(), access_flags::read_write};
+    const access_descriptor read1{memory_location::device(1), access_flags::read};
+    const access_descriptor none1{memory_location::device(1), access_flags::none};
+    const access_descriptor not_peer{memory_location::device(2), access_flags::read_write};
+    const access_descriptor missing{memory_location::device(7), access_flags::read_write};
+    CHECK_THROWS_WITH_AS((void)add_allocation(g, p0, MiB, {}, {&host, 1}), doctest::Contains("are devices"),
+                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS((void)add_allocation(g, p0, MiB, {}, {&read1, 1}), doctest::Contains("read_write only"),
+                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS((void)add_allocation(g, p0, MiB, {}, {&none1, 1}), doctest::Contains("read_write only"),
+                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS((void)add_allocation(g, p0, MiB, {}, {&not_peer, 1}),
+                         doctest::Contains("device 2 cannot access the memory of device 0"), not_supported);
+    CHECK_THROWS_WITH_AS((void)add_allocation(g, p0, MiB, {}, {&missing, 1}), doctest::Contains("no device 7"),
+                         std::invalid_argument);
+    CHECK(g.graph_memory_holds() == 0);
+    CHECK(p0.statistics().graph_reserved_current == 0);
+    // The pool's own device may be named: it has access anyway, and nothing more is granted.
+    const access_descriptor own{memory_location::device(0), access_flags::read_write};
+    graph_allocation a = add_allocation(g, p0, MiB, {}, {&own, 1});
+    CHECK(g.graph_memory_holds() == 1);
+    CHECK(device_access(0, a.get()) == access_flags::read_write);
+    CHECK(device_access(1, a.get()) == access_flags::none);
+  }
+  // The graph's memory goes back on the reaper's thread: waited for here, so that the process
+  // never exits (the last test) while that thread still unmaps in the driver.
+  REQUIRE(reaper_idle());
+  CHECK(p0.statistics().graphs == 0);
 }
 
 }  // TEST_SUITE
