@@ -280,6 +280,11 @@ block* pool_core<Backend>::defragment_and_grow(std::uint64_t n, state& st) {
   for (auto& m : movable) total += m.size;
   // Worth its remaps only when the free chunks spare a good part of the growth.
   if (total == 0 || total >= n || total < std::max(options_.chunk_size, n / 4)) return nullptr;
+  // A request that growth would serve by extending a free tail: that grows by less.
+  const bool own = n >= options_.chunk_size && options_.own_chunk_for_large;
+  if (!own) {
+    if (block* tail = extendable_tail(st, n, options_.chunk_size); tail != nullptr && tail->size >= total) return nullptr;
+  }
   const std::uint64_t need = round_up(n - total, space_.granularity());
   if (options_.max_size != 0 && space_.held() + need > options_.max_size) return nullptr;
   handle h{};

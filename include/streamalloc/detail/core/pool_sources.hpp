@@ -2,7 +2,8 @@
 
 // The pool core's sources section: where a request that the stream's fast cache cannot serve
 // is served from, in order (free blocks the stream may use, completions learned now, adjacent
-// free blocks joined, whole free chunks remapped, growth, waiting on another stream's frees).
+// free blocks joined, whole free chunks remapped, those chunks remapped next to new memory for
+// the rest, growth, waiting on another stream's frees).
 // Included at the end of pool_core.hpp.
 
 #include <streamalloc/detail/core/pool_core.hpp>
@@ -32,7 +33,8 @@ block* pool_core<Backend>::find_memory(std::uint64_t n, state& st, stream_key s,
   if (b == nullptr && may_wait) b = wait_for_pending(n, st, s);
   if (b == nullptr) {
     // Every source has been tried: free blocks usable now, completions learned just now,
-    // adjacent runs, remapping, growth, and (if allowed) waiting on other streams' frees.
+    // adjacent runs, remapping (alone or with growth), growth, and (if allowed) waiting on other
+    // streams' frees.
     // What remains free is pending on streams this one has no proof of.
     core_out_of_memory e;
     e.requested = n;
