@@ -274,49 +274,13 @@ class pool_core final : public completion_listener {
   /// physical memory past the end of its mapped run when the addresses there are unused.
   /// Returns the new size, or 0 (changing nothing) when something is in the way.
   /// Throws std::invalid_argument for a pointer that is not a live block.
-  std::uint64_t grow_in_place(std::uint64_t p, std::uint64_t bytes, stream_key s) {
-    const std::uint64_t n = round_up(bytes == 0 ? 1 : bytes, free_bins::quantum);
-    state& st = streams_.state_for(s, mutex_);
-    block* b = live_block(p, "grow_in_place");
-    const capture_guard relaxed(backend_);
-    std::lock_guard lock(mutex_);
-    const std::uint64_t old = b->size;
-    if (n <= old) return old;
-    flush_cache(st);  // this stream's cached neighbours coalesce first
-    bool extended = extend(b, n, st);
-    if (!extended) {
-      // Other streams' cached frees, and whatever completed since the pool last looked.
-      streams_.for_each([&](state& other) { flush_cache(other); });
-      settle_all(options_.reuse.opportunistic, s);
-      extended = extend(b, n, st);
-    }
-    if (!extended) return 0;
-    streams_.account_bytes(st, static_cast<std::int64_t>(b->size - old));
-    return b->size;
-  }
+  std::uint64_t grow_in_place(std::uint64_t p, std::uint64_t bytes, stream_key s);  // pool_growth.hpp
 
   /// Makes the live allocation at `p` `bytes` long (rounded up to 256, at least 256) without
   /// moving it: the rest is freed in the order of stream `s` (reusable by `s` at once, by
   /// others once ordered after). Returns the new size.
   /// Throws std::invalid_argument for a pointer that is not a live block.
-  std::uint64_t shrink_in_place(std::uint64_t p, std::uint64_t bytes, stream_key s) {
-    state& st = streams_.state_for(s, mutex_);
-    block* b = live_block(p, "shrink_in_place");
-    std::lock_guard lock(mutex_);
-    const std::uint64_t old = b->size;
-    // Compared before rounding: rounding a size within 255 of 2^64 up would wrap to 0.
-    if (bytes >= old) return old;
-    const std::uint64_t n = round_up(bytes == 0 ? 1 : bytes, free_bins::quantum);
-    if (n >= old) return old;
-    if (b->imports != 0) return old;  // another process maps the tail (pool_exports.hpp)
-    b->export_serial = 0;            // descriptors of the old size are stale
-    block* tail = split(b, n);
-    tail->stream = st.record->id();
-    tail->stamp = st.record->stamp();
-    free_pending(tail, st);
-    streams_.account_bytes(st, -static_cast<std::int64_t>(old - n));
-    return n;
-  }
+  std::uint64_t shrink_in_place(std::uint64_t p, std::uint64_t bytes, stream_key s);  // pool_growth.hpp
 
   // --- graphs (defined in pool_graphs.hpp; what they hold: graph_segments.hpp) ----------------
 
@@ -408,33 +372,8 @@ class pool_core final : public completion_listener {
 
   // --- queries -----------------------------------------------------------------------------
 
-  pool_statistics statistics() {
-    std::lock_guard lock(mutex_);
-    pool_statistics s;
-    s.reserved_current = space_.held();
-    s.reserved_high = space_.held_high();
-    s.used_current = streams_.used_now();
-    streams_.note_used(s.used_current);
-    s.used_high = streams_.used_high();
-    s.live_allocations = streams_.live_count_now();
-    s.free_clear = clear_.bytes();
-    s.largest_free_block = clear_.largest();
-    streams_.for_each([&](state& st) {
-      std::lock_guard sl(st.lock);
-      s.free_pending += st.pending.bytes() + st.cache_bytes;
-      s.largest_free_block = std::max({s.largest_free_block, st.pending.largest(), st.cache.largest()});
-    });
-    for (const auto& [b, since] : awaiting_device_idle_) s.free_pending += b->size;  // awaiting proof too
-    s.free_pending += imported_held_;  // awaiting other processes' releases
-    s.chunks = space_.chunks().size();
-    s.remapped_chunks = space_.remapped();
-    s.grows = space_.grows();
-    s.graph_reserved_current = graphs_.bytes();
-    s.graph_reserved_high = graphs_.high();
-    s.graph_allocations = graphs_.blocks();
-    s.graphs = graphs_.segments();
-    return s;
-  }
+  /// What the pool holds, now and at its high-water marks (pool_queries.hpp).
+  pool_statistics statistics();
 
   /// The graphs' high-water mark becomes what they hold now.
   void reset_graph_high() {
@@ -694,54 +633,11 @@ class pool_core final : public completion_listener {
     return found;
   }
 
-  /// The pool's state in words, for out_of_memory: what it holds, what is live, what is free
-  /// now and the largest such block, and the frees still waiting on their streams, the
-  /// largest few named by stream (an allocation on one of those streams, or on a stream
-  /// ordered after them, or a synchronization, makes them usable).
-  std::string describe_state() {
-    std::uint64_t pending = 0;
-    std::vector<std::pair<std::uint64_t, std::uint64_t>> by_stream;  // (bytes, stream id)
-    streams_.for_each([&](state& st) {
-      std::lock_guard sl(st.lock);  // a fast-path free may refill the cache meanwhile
-      const std::uint64_t b = st.pending.bytes() + st.cache_bytes;
-      pending += b;
-      if (b != 0) by_stream.emplace_back(b, st.record->id());
-    });
-    std::string m = "reserved " + std::to_string(space_.held()) + " bytes";
-    if (options_.max_size != 0) m += " of at most " + std::to_string(options_.max_size) + " (max_size)";
-    m += ", live " + std::to_string(streams_.used_now()) + ", free " + std::to_string(clear_.bytes()) +
-         " (largest block " + std::to_string(clear_.largest()) + "), freed but awaiting stream order " +
-         std::to_string(pending);
-    if (!by_stream.empty()) {
-      std::sort(by_stream.begin(), by_stream.end(), std::greater<>());
-      m += " (";
-      for (std::size_t i = 0; i < by_stream.size() && i < 4; ++i) {
-        m += (i == 0 ? "" : ", ") + std::to_string(by_stream[i].first) + " on stream " + std::to_string(by_stream[i].second);
-      }
-      if (by_stream.size() > 4) m += ", and " + std::to_string(by_stream.size() - 4) + " more streams";
-      m += ")";
-    }
-    return m;
-  }
+  /// The pool's state in words, for out_of_memory (pool_queries.hpp).
+  std::string describe_state();
+  /// Why a free of `p` was refused, in words (pool_queries.hpp).
+  std::string explain_bad_free(std::uint64_t p, const char* what = "deallocate");
 
-  std::string explain_bad_free(std::uint64_t p, const char* what = "deallocate") {
-    const std::string who = pointer_subject(p, what);
-    if (!owns(p)) return who + " was not allocated from this pool";
-    std::lock_guard lock(mutex_);
-    if (block* b = chain_.at_or_before(p)) {
-      if (p < b->addr + b->size) {
-        const block_state bs = state_of(b);
-        if (bs == block_state::live || (bs == block_state::graph && b->addr != p)) {
-          return who + " points inside an allocation, not at its start";
-        }
-        if (b->addr == p) {
-          return who + " is already free (double free)";
-        }
-      }
-    }
-    return who +
-           " is not a live allocation of this pool (freed already, or never returned by allocate)";
-  }
 
   Backend backend_;
   core_options options_;
@@ -776,3 +672,4 @@ class pool_core final : public completion_listener {
 #include <streamalloc/detail/core/pool_graph_memory.hpp>  // graphs' own memory, shared pages
 #include <streamalloc/detail/core/pool_exports.hpp>  // allocations other processes import
 #include <streamalloc/detail/core/pool_snapshot.hpp>  // what the pool holds, for snapshots
+#include <streamalloc/detail/core/pool_queries.hpp>  // statistics, and the pool's words for refusals

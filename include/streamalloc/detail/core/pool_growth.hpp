@@ -133,6 +133,51 @@ block* pool_core<Backend>::grow(std::uint64_t n, state& st, placement where, boo
   return find_usable(n, st);
 }
 
+/// A live block grown in place (pool_core.hpp says what it promises): extended over the free
+/// memory after it, or new memory mapped past its run's end (extend, below).
+template <pool_backend Backend>
+std::uint64_t pool_core<Backend>::grow_in_place(std::uint64_t p, std::uint64_t bytes, stream_key s) {
+  const std::uint64_t n = round_up(bytes == 0 ? 1 : bytes, free_bins::quantum);
+  state& st = streams_.state_for(s, mutex_);
+  block* b = live_block(p, "grow_in_place");
+  const capture_guard relaxed(backend_);
+  std::lock_guard lock(mutex_);
+  const std::uint64_t old = b->size;
+  if (n <= old) return old;
+  flush_cache(st);  // this stream's cached neighbours coalesce first
+  bool extended = extend(b, n, st);
+  if (!extended) {
+    // Other streams' cached frees, and whatever completed since the pool last looked.
+    streams_.for_each([&](state& other) { flush_cache(other); });
+    settle_all(options_.reuse.opportunistic, s);
+    extended = extend(b, n, st);
+  }
+  if (!extended) return 0;
+  streams_.account_bytes(st, static_cast<std::int64_t>(b->size - old));
+  return b->size;
+}
+
+/// A live block shrunk in place (pool_core.hpp): its tail freed in `s`'s order.
+template <pool_backend Backend>
+std::uint64_t pool_core<Backend>::shrink_in_place(std::uint64_t p, std::uint64_t bytes, stream_key s) {
+  state& st = streams_.state_for(s, mutex_);
+  block* b = live_block(p, "shrink_in_place");
+  std::lock_guard lock(mutex_);
+  const std::uint64_t old = b->size;
+  // Compared before rounding: rounding a size within 255 of 2^64 up would wrap to 0.
+  if (bytes >= old) return old;
+  const std::uint64_t n = round_up(bytes == 0 ? 1 : bytes, free_bins::quantum);
+  if (n >= old) return old;
+  if (b->imports != 0) return old;  // another process maps the tail (pool_exports.hpp)
+  b->export_serial = 0;            // descriptors of the old size are stale
+  block* tail = split(b, n);
+  tail->stream = st.record->id();
+  tail->stamp = st.record->stamp();
+  free_pending(tail, st);
+  streams_.account_bytes(st, -static_cast<std::int64_t>(old - n));
+  return n;
+}
+
 /// Extends live block `b` to `n` bytes with the free blocks after it that `st` may use,
 /// mapping new physical memory at the end of its run if they fall short. False, changing
 /// nothing, when a block in the way is live or not usable, or the addresses after the run
