@@ -136,12 +136,7 @@ class basic_stream_buffer {
   template <class... Q>
   basic_stream_buffer(size_type count, stream_ref s, pool_resource<Q...> r)
       : pool_(detail::state_of(r.pool())), stream_(s.resolved()) {
-    static_assert(!is_host_accessible || has_property_v<host_accessible, Q...>,
-                  "streamalloc::stream_buffer: this buffer's elements are accessed from host code, but the resource "
-                  "does not claim host_accessible (a device pool's memory cannot be read by the host)");
-    static_assert(!is_device_accessible || has_property_v<device_accessible, Q...>,
-                  "streamalloc::stream_buffer: this buffer is used by kernels, but the resource does not claim "
-                  "device_accessible");
+    static_assert(claims<Q...>(), "see claims() for what the resource lacks");
     allocate_initial(count);
   }
 
@@ -157,12 +152,7 @@ class basic_stream_buffer {
       : pool_(detail::state_of(r.upstream_resource().pool())),
         log_(detail::logging_access::log_of(r)),
         stream_(s.resolved()) {
-    static_assert(!is_host_accessible || has_property_v<host_accessible, Q...>,
-                  "streamalloc::stream_buffer: this buffer's elements are accessed from host code, but the resource "
-                  "does not claim host_accessible (a device pool's memory cannot be read by the host)");
-    static_assert(!is_device_accessible || has_property_v<device_accessible, Q...>,
-                  "streamalloc::stream_buffer: this buffer is used by kernels, but the resource does not claim "
-                  "device_accessible");
+    static_assert(claims<Q...>(), "see claims() for what the resource lacks");
     if (log_ == nullptr) {
       throw std::invalid_argument("streamalloc::stream_buffer: the logging_resource was moved from (it has no log)");
     }
@@ -547,6 +537,19 @@ class basic_stream_buffer {
  private:
   template <class U, class... Q>
   friend class basic_stream_buffer;
+
+  /// Does a resource claiming `Q...` give every access the buffer has? (Its own assertions
+  /// name what is missing.)
+  template <class... Q>
+  static constexpr bool claims() {
+    static_assert(!is_host_accessible || has_property_v<host_accessible, Q...>,
+                  "streamalloc::stream_buffer: this buffer's elements are accessed from host code, but the resource "
+                  "does not claim host_accessible (a device pool's memory cannot be read by the host)");
+    static_assert(!is_device_accessible || has_property_v<device_accessible, Q...>,
+                  "streamalloc::stream_buffer: this buffer is used by kernels, but the resource does not claim "
+                  "device_accessible");
+    return true;
+  }
 
   struct reader {
     stream_ref stream;
