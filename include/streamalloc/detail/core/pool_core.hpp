@@ -609,6 +609,9 @@ class pool_core final : public completion_listener {
   std::vector<free_chunk> free_chunks();
   /// Cuts [va, va + size) out of the clear block holding it and out of the address chain.
   void cut_out(std::uint64_t va, std::uint64_t size);
+  /// Moves whole free chunks (va, size) next to each other from `dst`; the address after them.
+  std::uint64_t remap_to(std::uint64_t dst, const std::vector<std::pair<std::uint64_t, std::uint64_t>>& chunks,
+                         state& st);
   /// Remaps whole free chunks next to each other when together they would hold `n` bytes.
   block* defragment(std::uint64_t n, state& st);
   /// When whole free chunks hold part of `n` bytes: remaps them next to each other and maps a

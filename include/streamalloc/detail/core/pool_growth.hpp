@@ -264,6 +264,22 @@ void pool_core<Backend>::cut_out(std::uint64_t va, std::uint64_t size) {
 
 /// Defragments: when the clear memory in whole free chunks would hold `n` bytes, remaps those
 /// chunks next to each other (after the largest extendable free block if there is one).
+/// Moves whole free chunks (va, size) to consecutive addresses from `dst`, where they join
+/// into clear free memory; returns the address after the last.
+template <pool_backend Backend>
+std::uint64_t pool_core<Backend>::remap_to(std::uint64_t dst,
+                                           const std::vector<std::pair<std::uint64_t, std::uint64_t>>& chunks,
+                                           state& st) {
+  for (const auto& [va, size] : chunks) {
+    cut_out(va, size);
+    place_chunk(dst, space_.unmap(va), &clear_, &st);
+    if (history_.on()) [[unlikely]] history_.note(history_op::remap, st.record->id(), dst, size);
+    dst += size;
+    space_.note_remap();
+  }
+  return dst;
+}
+
 template <pool_backend Backend>
 block* pool_core<Backend>::defragment(std::uint64_t n, state& st) {
   auto movable = free_chunks();
@@ -307,14 +323,7 @@ block* pool_core<Backend>::defragment(std::uint64_t n, state& st) {
     at = space_.take_or_reserve(bytes);
     if (!at) return nullptr;
   }
-  std::uint64_t dst = *at;
-  for (auto& [va, size] : picked) {
-    cut_out(va, size);
-    place_chunk(dst, space_.unmap(va), &clear_, &st);
-    if (history_.on()) [[unlikely]] history_.note(history_op::remap, st.record->id(), dst, size);
-    dst += size;
-    space_.note_remap();
-  }
+  (void)remap_to(*at, picked, st);
   return find_usable(n, st);
 }
 
@@ -339,14 +348,9 @@ block* pool_core<Backend>::defragment_and_grow(std::uint64_t n, state& st) {
     backend_.release(h);
     return nullptr;
   }
-  std::uint64_t dst = *at;
-  for (auto& m : movable) {
-    cut_out(m.va, m.size);
-    place_chunk(dst, space_.unmap(m.va), &clear_, &st);
-    if (history_.on()) [[unlikely]] history_.note(history_op::remap, st.record->id(), dst, m.size);
-    dst += m.size;
-    space_.note_remap();
-  }
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> chunks;
+  for (const auto& m : movable) chunks.emplace_back(m.va, m.size);
+  const std::uint64_t dst = remap_to(*at, chunks, st);
   space_.note_growth(need);
   if (history_.on()) [[unlikely]] history_.note(history_op::grow, st.record->id(), dst, need);
   place_chunk(dst, chunk{need, std::move(h)}, &clear_, &st);
