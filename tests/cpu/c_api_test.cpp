@@ -94,6 +94,25 @@ TEST_SUITE("c_api") {
     CHECK(stats_of(0).live_allocations == 0);
   }
 
+  TEST_CASE("a free on the default stream given as a null handle is reused by another stream once it ran") {
+    // A null handle is the legacy default stream (PyTorch's default stream arrives so). The
+    // pool keyed it by that null handle, which to it means no stream: it never asked the stream
+    // about its work, and another stream grew the pool instead of reusing the block.
+    const c_api_stream other(0);
+    REQUIRE(streamalloc_synchronize(0) == 0);
+    REQUIRE(streamalloc_trim(0, 0) == 0);  // nothing free: which block comes back is certain
+    void* p = streamalloc_malloc(40 * MiB, 0, nullptr);
+    REQUIRE(p != nullptr);
+    const std::uint64_t reserved = stats_of(0).reserved_current;
+    streamalloc_free(p, 40 * MiB, 0, nullptr);
+    const long long asked = streamalloc_test::fake_legacy_stream_calls(0);
+    void* q = streamalloc_malloc(40 * MiB, 0, other.get());
+    CHECK(q == p);
+    CHECK(stats_of(0).reserved_current == reserved);
+    CHECK(streamalloc_test::fake_legacy_stream_calls(0) > asked);  // it asked the stream
+    streamalloc_free(q, 40 * MiB, 0, other.get());
+  }
+
   TEST_CASE("bad requests return null and say why; nothing is held") {
     const c_api_stream s(0), other_device(1);
     const std::uint64_t reserved = stats_of(0).reserved_current;

@@ -86,6 +86,42 @@ TEST_CASE("the legacy default stream from a thread that never made a CUDA call")
   }).join();
 }
 
+TEST_CASE("a free on the default stream given as a null handle: another stream's once the work before it is done") {
+  // PyTorch hands its default stream to the C interface as handle 0. The pool used to key it
+  // by that null handle, which to the pool means no stream at all: it never asked the stream
+  // whether its work had run, so these frees were never known complete, other streams never
+  // reused them, and a model with a side stream grew the pool every step.
+  cudaStream_t b;
+  SA_CUDA_REQUIRE(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking));
+  REQUIRE(streamalloc_synchronize(0) == 0);
+  REQUIRE(streamalloc_trim(0, 0) == 0);  // nothing free: which block comes back is certain
+  constexpr std::size_t bytes = 40 * MiB;
+  auto* p = static_cast<std::uint32_t*>(streamalloc_malloc(bytes, 0, nullptr));
+  REQUIRE(p != nullptr);
+  slow_fill_kernel<<<64, 256, 0, nullptr>>>(p, bytes / 4, 1, busy_cycles);  // the legacy stream
+  SA_CUDA_REQUIRE(cudaGetLastError());
+  streamalloc_free(p, bytes, 0, nullptr);
+  // While the kernel runs, the block is not b's.
+  void* q = streamalloc_malloc(bytes, 0, b);
+  REQUIRE(q != nullptr);
+  CHECK(q != static_cast<void*>(p));
+  fill_async(q, bytes, 2, b);
+  SA_CUDA_REQUIRE(cudaDeviceSynchronize());  // around streamalloc: it learns nothing from this
+  CHECK(mismatches_on(q, bytes, 2, b) == 0);
+  // Once it is done, b gets it: the pool asks the legacy stream when it needs memory.
+  const std::uint64_t reserved = c_api_stats().reserved_current;
+  void* r = streamalloc_malloc(bytes, 0, b);
+  CHECK(r == static_cast<void*>(p));
+  CHECK(c_api_stats().reserved_current == reserved);
+  fill_async(r, bytes, 3, b);
+  CHECK(mismatches_on(r, bytes, 3, b) == 0);
+  CHECK(mismatches_on(q, bytes, 2, b) == 0);
+  streamalloc_free(q, bytes, 0, b);
+  streamalloc_free(r, bytes, 0, b);
+  SA_CUDA_REQUIRE(cudaStreamSynchronize(b));
+  SA_CUDA_REQUIRE(cudaStreamDestroy(b));
+}
+
 TEST_CASE("out of memory: null and the reason from streamalloc_malloc, an exception from the torch entry") {
   cudaStream_t s;
   SA_CUDA_REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));

@@ -49,10 +49,16 @@
 
 namespace streamalloc::detail {
 
-/// The key of a stream the caller has just found not capturing (capture_of).
+/// The key of a stream the caller has just found not capturing (capture_of). A default
+/// stream given as a null handle is keyed by its explicit handle (CU_STREAM_LEGACY or
+/// CU_STREAM_PER_THREAD): to the pool a null handle means no stream at all (a synchronous
+/// call), so it could never query that stream or record an event on it, and frees made on it
+/// would never be known complete, nor reusable by other streams or remapped.
 inline stream_key key_of_uncaptured(stream_ref s) {
   stream_record* known = s.known_record();
-  return {known != nullptr ? known : &resolve_uncaptured_stream(s.get()), s.get()};
+  CUstream native = s.get();
+  if (native == nullptr) native = is_per_thread_handle(native) ? CU_STREAM_PER_THREAD : CU_STREAM_LEGACY;
+  return {known != nullptr ? known : &resolve_uncaptured_stream(s.get()), native};
 }
 
 /// The pseudo-stream of synchronous allocations: no CUDA stream, and every free on it is
