@@ -116,11 +116,19 @@ STREAMALLOC_C_EXPORT int streamalloc_trim(int device, size_t keep);
 STREAMALLOC_C_EXPORT int streamalloc_set_release_threshold(int device, size_t bytes);
 
 /**
- * Writes a JSON object describing device `device`'s current pool (its properties and
- * statistics) into `buffer`, NUL-terminated, if it fits in `capacity` bytes. Returns the
- * length the document needs without the NUL (call with capacity 0 to ask), or -1 on error.
+ * Writes a JSON object describing device `device`'s current pool (its properties, statistics,
+ * reservations, chunks, blocks, streams and, when kept, history: pool::snapshot) into
+ * `buffer`, NUL-terminated, if it fits in `capacity` bytes. Returns the length the document
+ * needs without the NUL (call with capacity 0 to ask), or -1 on error.
  */
 STREAMALLOC_C_EXPORT long long streamalloc_snapshot(int device, char* buffer, size_t capacity);
+
+/**
+ * Makes device `device`'s current pool keep its last `events` allocations, frees, growths,
+ * releases and remaps for streamalloc_snapshot (pool::keep_history); 0 keeps none. Each call
+ * starts a new history. Returns 0, or -1.
+ */
+STREAMALLOC_C_EXPORT int streamalloc_keep_history(int device, size_t events);
 
 /** The last error of a streamalloc_* call on the calling thread ("" if none). Valid until the
  * thread's next failing call. */

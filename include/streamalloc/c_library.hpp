@@ -153,6 +153,14 @@ STREAMALLOC_C_EXPORT long long streamalloc_snapshot(int device, char* buffer, si
   });
 }
 
+STREAMALLOC_C_EXPORT int streamalloc_keep_history(int device, size_t events) {
+  using namespace streamalloc::detail;
+  return c_guarded("streamalloc_keep_history", -1, [&] {
+    c_pool(device).keep_history(events);
+    return 0;
+  });
+}
+
 STREAMALLOC_C_EXPORT const char* streamalloc_last_error(void) { return streamalloc::detail::c_last_error().c_str(); }
 
 }  // extern "C"

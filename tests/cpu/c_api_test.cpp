@@ -190,6 +190,24 @@ TEST_SUITE("c_api") {
     CHECK(json.back() == '}');
 
     streamalloc_free(p, 8 * MiB, 0, s.get());
+
+    // A history kept through the C interface shows up in the snapshot: an allocation and its
+    // free, with their address and size.
+    REQUIRE(streamalloc_keep_history(0, 16) == 0);
+    void* q = streamalloc_malloc(3 * MiB, 0, s.get());
+    REQUIRE(q != nullptr);
+    streamalloc_free(q, 3 * MiB, 0, s.get());
+    std::vector<char> with_history(static_cast<std::size_t>(streamalloc_snapshot(0, nullptr, 0)) + 1);
+    REQUIRE(streamalloc_snapshot(0, with_history.data(), with_history.size()) > 0);
+    const std::string hist(with_history.data());
+    const std::string at = "\"address\": " + std::to_string(reinterpret_cast<std::uintptr_t>(q));
+    CHECK(contains(hist, "\"op\": \"allocate\", \"stream\": "));
+    CHECK(contains(hist, "\"op\": \"free\", \"stream\": "));
+    CHECK(contains(hist, at + ", \"bytes\": " + std::to_string(3 * MiB)));
+    REQUIRE(streamalloc_keep_history(0, 0) == 0);
+    CHECK(streamalloc_keep_history(7, 16) == -1);
+    CHECK(contains(last_error(), "streamalloc_keep_history: "));
+
     CHECK(streamalloc_set_release_threshold(0, SIZE_MAX) == 0);
     CHECK(stats_of(0).reserved_current > 0);
     // Frees on streams the library saw no synchronization of stay pending (earlier cases'
