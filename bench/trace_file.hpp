@@ -45,6 +45,7 @@ struct recorded_trace {
   std::string name;                     ///< from the header, else the file name
   std::vector<std::string> notes;       ///< the '#' lines after the header, without the '#'
   std::vector<recorded_op> ops;
+  std::vector<std::size_t> step_starts; ///< the index in `ops` of each "# step" mark's first operation
   std::vector<std::size_t> size_of;     ///< by id
   std::vector<std::uint32_t> stream_of; ///< by id: the stream it was allocated on
   std::uint32_t streams = 0;            ///< 1 + the largest stream number used
@@ -226,6 +227,7 @@ inline recorded_trace load_trace(const std::string& path) {
           (key == "ops" ? declared_ops : declared_peak) = n;
         }
       } else {
+        if (text.substr(0, 6) == " step ") t.step_starts.push_back(t.ops.size());
         t.notes.emplace_back(text);
       }
       first = false;

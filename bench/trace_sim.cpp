@@ -11,6 +11,7 @@
 //
 //   bench_trace_sim [--live-gib N] [--steps N]
 //   bench_trace_sim --trace FILE|DIR [--trace FILE|DIR ...] [--snapshots DIR]
+//                   [--device idle|steps] [--streams kept|pytorch]
 //
 // --snapshots writes, for each trace, the default pool's snapshot (pool::snapshot's JSON, with
 // the history of every event up to then) taken when the trace's live bytes peak, to
@@ -41,6 +42,13 @@ struct config {
 constexpr config configs[] = {{64u << 20, true}, {16u << 20, false}, {2u << 20, false}};
 
 std::string snapshot_dir;  // --snapshots
+// --device steps: the device runs a trace's work only when the host synchronizes, at the start
+// of each step (a training loop reading its loss), instead of finishing each operation's work
+// before the next (an idle GPU, the default, as in bench_trace_replay). A real training run
+// sits between the two: its host runs ahead of the GPU by up to a step.
+bool device_idle = true;
+// --streams pytorch: streams as PyTorch hands them to streamalloc (see simulate).
+bool pytorch_streams = false;
 
 /// The index of the operation after which the live bytes peak.
 std::size_t peak_op(const std::vector<bench::recorded_op>& ops) {
@@ -76,24 +84,34 @@ void write_snapshot(Pool& pool, const std::string& path) {
 /// each. `streams` simulated streams; `peak` the trace's peak live bytes; `address_space` the
 /// pools' limit on addresses.
 void simulate(const std::vector<bench::recorded_op>& ops, std::size_t allocations, std::uint32_t streams,
-              std::size_t peak, std::uint64_t address_space, const std::string& name = {}) {
+              std::size_t peak, std::uint64_t address_space, const std::string& name = {},
+              const std::vector<std::size_t>& step_starts = {}) {
   std::printf("%12s %14s %12s %10s %10s %8s %10s\n", "chunk", "reserved high", "/ peak live", "remapped", "chunks",
               "seconds", "ns/op");
   static char handles[bench::trace_detail::max_streams];
   for (const config& c : configs) {
     const std::size_t chunk = c.chunk;
     auto dev = std::make_shared<streamalloc_test::sim_device>();
+    // Each reservation right after the last, as the driver placed them on the H100 (pools
+    // whose reservations touch merge free memory across them).
+    dev->gap_between_reservations = false;
     core_options o;
     o.chunk_size = chunk;
     o.own_chunk_for_large = c.own;
     o.release_threshold = ~0ull;
     o.address_space = address_space;
     pool_core<streamalloc_test::sim_backend> pool(streamalloc_test::sim_backend{dev}, o);
-    // Stream 0 is the record bench_trace_sim always used, so the random trace's rows stay
-    // comparable with earlier runs; further streams get records of their own.
+    // Stream 0 is the record bench_trace_sim always used; further streams get records of their
+    // own.
     std::vector<stream_key> keys;
     for (std::uint32_t i = 0; i < std::max<std::uint32_t>(streams, 1); ++i) {
       keys.push_back(stream_key{&ordering().record((1ull << 60) + i), &handles[i]});
+      // Streams whose handles the pool may keep, as bench_pool's and bench_trace_replay's
+      // `stream`s are: a free on such a stream absorbs clear neighbours, which decides where
+      // later blocks go (unmarked, the random trace gives 1.341 here, against 1.256 on the
+      // GPU; marked, 1.256). With --streams pytorch, only stream 0 is (PyTorch's default
+      // stream, the legacy one); the others are raw handles, as PyTorch's side streams are.
+      if (i == 0 || !pytorch_streams) keys.back().record->mark_handle_stable();
     }
     std::vector<std::uint64_t> ptr(allocations);
     // The default pool's snapshot at the peak, when asked (it slows that replay's timing).
@@ -101,23 +119,31 @@ void simulate(const std::vector<bench::recorded_op>& ops, std::size_t allocation
     const std::size_t snap_at = snap ? peak_op(ops) : ops.size();
     if (snap) pool.history().keep(snap_at + 1024);
     const auto t = std::chrono::steady_clock::now();
-    std::size_t step = 0;
+    std::size_t step = 0, next_step = 0;
     try {
       if (keys.size() == 1) {
         for (const auto& op : ops) {
+          if (!device_idle && next_step < step_starts.size() && step == step_starts[next_step]) {
+            dev->run_all();  // the host synchronizes at the end of each step
+            ++next_step;
+          }
           if (op.alloc) ptr[op.id] = pool.allocate(op.size, keys[0]);
           else pool.deallocate(ptr[op.id], keys[0]);
-          dev->run(keys[0].native);  // an idle device: every event completes at once
+          if (device_idle) dev->run(keys[0].native);  // an idle device: every event completes at once
           if (step == snap_at) write_snapshot(pool, snapshot_dir + "/" + name + ".snapshot.json");
           ++step;
         }
       } else {
         for (const auto& op : ops) {
+          if (!device_idle && next_step < step_starts.size() && step == step_starts[next_step]) {
+            dev->run_all();
+            ++next_step;
+          }
           const stream_key& s = keys[op.stream];
           if (op.alloc) ptr[op.id] = pool.allocate(op.size, s);
           else pool.deallocate(ptr[op.id], s);
           // The pool may record events on other streams than the op's: all of them complete.
-          dev->run_all();
+          if (device_idle) dev->run_all();
           if (step == snap_at) write_snapshot(pool, snapshot_dir + "/" + name + ".snapshot.json");
           ++step;
         }
@@ -175,8 +201,9 @@ int replay_recorded(const std::vector<std::string>& args) {
       std::printf("  (PyTorch's peaks not read: %s)\n", e.what());
     }
     const std::uint64_t gib = 1ull << 30;
+    if (!device_idle) std::printf("  the device runs only at the %zu step marks\n", t.step_starts.size());
     simulate(t.ops, t.allocations(), t.streams, t.peak_live, 4 * ((t.peak_live + gib - 1) / gib * gib) + 64 * gib,
-             t.name);
+             t.name, t.step_starts);
   }
   return failures == 0 ? 0 : 1;
 }
@@ -192,8 +219,20 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--steps") && i + 1 < argc) steps = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--trace") && i + 1 < argc) traces.emplace_back(argv[++i]);
     else if (!std::strcmp(argv[i], "--snapshots") && i + 1 < argc) snapshot_dir = argv[++i];
+    else if (!std::strcmp(argv[i], "--device") && i + 1 < argc && !std::strcmp(argv[i + 1], "steps")) {
+      device_idle = false;
+      ++i;
+    } else if (!std::strcmp(argv[i], "--device") && i + 1 < argc && !std::strcmp(argv[i + 1], "idle")) {
+      ++i;
+    } else if (!std::strcmp(argv[i], "--streams") && i + 1 < argc && !std::strcmp(argv[i + 1], "pytorch")) {
+      pytorch_streams = true;
+      ++i;
+    } else if (!std::strcmp(argv[i], "--streams") && i + 1 < argc && !std::strcmp(argv[i + 1], "kept")) {
+      ++i;
+    }
     else {
-      std::fprintf(stderr, "usage: bench_trace_sim [--live-gib N] [--steps N] | --trace FILE|DIR [--trace ...] [--snapshots DIR]\n");
+      std::fprintf(stderr, "usage: bench_trace_sim [--live-gib N] [--steps N] | --trace FILE|DIR [--trace ...] [--snapshots DIR]\n"
+                   "                       [--device idle|steps] [--streams kept|pytorch]\n");
       return 2;
     }
   }

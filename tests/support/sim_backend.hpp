@@ -23,6 +23,9 @@ struct sim_device {
   std::uint64_t capacity = 1ull << 40;  // physical bytes the device has
   std::uint64_t physical_used = 0;
   std::uint64_t next_va = 0x100000000000ULL;
+  // A granule between reservations made without an address (the pool must not count on them
+  // touching); false: each right after the last, as the driver placed them on the H100.
+  bool gap_between_reservations = true;
   std::uint64_t next_handle = 1;
   std::map<std::uint64_t, std::uint64_t> handles;  // live handle -> size
   std::map<std::uint64_t, std::uint64_t> mapped;   // va -> size
@@ -111,7 +114,7 @@ struct sim_backend {
     if (dev->overlaps_reservation(at, bytes)) return 0;
     dev->reserved[at] = bytes;
     dev->addresses_left -= bytes;
-    dev->next_va = std::max(dev->next_va, at + bytes + dev->granularity);
+    dev->next_va = std::max(dev->next_va, at + bytes + (dev->gap_between_reservations ? dev->granularity : 0));
     return at;
   }
   CUresult create(std::uint64_t bytes, handle& out) {
