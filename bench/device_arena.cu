@@ -121,10 +121,15 @@ __global__ void malloc_free_kernel(unsigned size, lanes mode, unsigned long long
   free(p);
 }
 
-/// Allocations a thread makes of `size`: 64 (a kernel long enough that its start and the reset
-/// weigh little), 16 at 4 KiB, where 64 would need a 70 GB arena (a kernel hands out 17.7 GB at
-/// 1 KiB and at 4 KiB).
-int k_for(unsigned size) { return size <= 1024 ? max_k : max_k / 4; }
+/// Allocations a thread makes of 4 KiB: 64, as at every other size, where the device has the
+/// 71 GB region that takes on a full H100 grid (main decides); 16 otherwise. With 16, the
+/// kernel is a quarter as long and its fixed costs (blocks starting, each block's first atomic,
+/// the reset) weigh four times as much.
+int k_at_4k = max_k;
+
+/// Allocations a thread makes of `size`: 64, a kernel long enough that its start and the reset
+/// weigh little.
+int k_for(unsigned size) { return size <= 1024 ? max_k : k_at_4k; }
 
 struct setup {
   int blocks = 0;
@@ -221,11 +226,16 @@ int main(int argc, char** argv) {
   su.blocks = gpu.sms * 8;  // 2,048 threads per SM
   const std::size_t threads = std::size_t{static_cast<unsigned>(su.blocks)} * threads_per_block;
   const std::vector<unsigned> sizes = {16, 64, 256, 1024, 4096};
+  std::size_t device_free = 0, device_total = 0;
+  BENCH_CHECK(cudaMemGetInfo(&device_free, &device_total));
+  const std::size_t heap = 2 * threads * sizes.back() + (std::size_t{256} << 20);
+  // A full region of 4 KiB allocations, the device heap and a margin must fit the free memory.
+  if (threads * max_k * std::size_t{4096} + heap + (std::size_t{2} << 30) > device_free) k_at_4k = max_k / 4;
   std::size_t most = 0;  // the most bytes one kernel hands out
   for (unsigned size : sizes) most = std::max(most, threads * k_for(size) * std::size_t{size});
   // The device heap, sized to fit a kernel's allocations (one per thread) twice over, for its
   // own bookkeeping; set before any kernel uses malloc, as CUDA requires.
-  BENCH_CHECK(cudaDeviceSetLimit(cudaLimitMallocHeapSize, 2 * threads * sizes.back() + (std::size_t{256} << 20)));
+  BENCH_CHECK(cudaDeviceSetLimit(cudaLimitMallocHeapSize, heap));
 
   streamalloc::stream s(0);
   streamalloc::pool pool(bench::kept());
