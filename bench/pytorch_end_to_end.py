@@ -1,0 +1,237 @@
+#!/usr/bin/env python3
+"""End to end through PyTorch: the workloads whose traces bench/traces holds, run for real with
+PyTorch's own allocator (its default, and expandable segments) and with streamalloc as PyTorch's
+allocator, each run a process of its own, the allocators taken in rotation, several rounds.
+
+    python3 bench/pytorch_end_to_end.py [--only NAME[,NAME...]] [--runs 3] [--steps 20]
+                                        [--json FILE] [--snapshots DIR]
+    python3 bench/pytorch_end_to_end.py --report FILE.json [FILE.json ...]
+
+For every process it measures
+  - the device memory the process held at its peak: cudaMemGetInfo's total minus free, polled
+    after the model is built, after the warm-up step and after every step (the CUDA context
+    and the libraries' workspaces are in it, the same for every allocator);
+  - the allocator's own high-water mark of reserved memory (PyTorch's max_memory_reserved, or
+    the pool's reserved_high);
+  - the median time of a step (forward, backward and optimizer step, or for gpt2_generate one
+    pass over its four requests), synchronized, after one warm-up step;
+and prints each workload's table, with streamalloc's ratios to PyTorch's default allocator
+taken within each round (the machine's speed varies between processes more than between
+allocators; a round's processes run back to back).
+
+With --snapshots, each streamalloc process keeps the pool's history and writes, after its last
+step, DIR/<workload>.snapshot.json.gz (pool::snapshot: reservations, chunks, every block, and
+the history of allocations, frees, growths and remaps), for scripts/plot_snapshot.py; keeping
+the history costs about 200 ns an allocation, so its step times are not the table's.
+
+The workloads are bench/traces/record.py's, built from configs with random weights: nothing is
+downloaded. cuDNN's benchmark mode is off for every allocator here: PyTorch refuses it with any
+pluggable allocator ("CUDAPluggableAllocator does not yet support cacheInfo"). Needs PyTorch with CUDA, transformers and torchvision, and libstreamalloc_c (found
+as the streamalloc package finds it: $STREAMALLOC_LIBRARY, or the build folders of this tree);
+exits 77 (skipped) without PyTorch or a GPU.
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+SKIP = 77
+HERE = pathlib.Path(__file__).resolve()
+sys.path.insert(0, str(HERE.parent / "traces"))
+sys.path.insert(0, str(HERE.parents[1] / "python"))
+import record  # noqa: E402  (the workloads; torch is imported in the child processes only)
+
+ALLOCATORS = {  # name: PYTORCH_CUDA_ALLOC_CONF, or None for streamalloc
+    "pytorch": "",
+    "pytorch_expandable": "expandable_segments:True",
+    "streamalloc": None,
+}
+MIB = float(1 << 20)
+
+
+def child(name, allocator, steps, result_path, snapshot_dir=None):
+    """One process: build, warm up, run `steps` steps, write what it measured."""
+    if allocator == "streamalloc":
+        import streamalloc
+        streamalloc.use_in_pytorch()  # before CUDA initialises
+    torch = record._import_torch()
+    _, total = torch.cuda.mem_get_info()
+    if snapshot_dir and allocator == "streamalloc":
+        streamalloc.keep_history(1 << 18)
+    peak = 0
+
+    def poll():
+        nonlocal peak
+        free, _ = torch.cuda.mem_get_info()
+        peak = max(peak, total - free)
+
+    w = record.BY_NAME[name](torch)
+    w.setup()
+    # cuDNN's benchmark mode asks the allocator for its largest free block, which PyTorch's
+    # CUDAPluggableAllocator refuses ("does not yet support cacheInfo"), whichever allocator it
+    # wraps: off for every allocator here, so all run the same kernels.
+    torch.backends.cudnn.benchmark = False
+    if name == "gpt2_generate":  # a step is one pass over its requests, of different shapes
+        requests = w.clamp_steps(0)
+        steps = max(3, steps // 4)
+
+        def step(_):
+            for j in range(requests):
+                w.step(j)
+    else:
+        step = w.step
+    poll()
+    w.warmup()
+    torch.cuda.synchronize()
+    poll()
+    times = []
+    for i in range(steps):
+        t = time.perf_counter()
+        step(i)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+        poll()
+    if allocator == "streamalloc":
+        import streamalloc
+        reserved_high = streamalloc.statistics()["reserved_high"]
+        if snapshot_dir:
+            import gzip
+            os.makedirs(snapshot_dir, exist_ok=True)
+            with gzip.open(os.path.join(snapshot_dir, name + ".snapshot.json.gz"), "wt") as f:
+                json.dump(streamalloc.snapshot(), f)
+    else:
+        reserved_high = torch.cuda.max_memory_reserved()
+    out = {"workload": name, "allocator": allocator, "steps": steps, "process_peak_bytes": peak,
+           "reserved_high_bytes": reserved_high, "step_s_median": statistics.median(times),
+           "step_s": times, "torch": torch.__version__, "gpu": torch.cuda.get_device_name(0)}
+    with open(result_path, "w") as f:
+        json.dump(out, f)
+
+
+def run_child(name, allocator, steps, timeout, snapshot_dir=None):
+    fd, result = tempfile.mkstemp(prefix="e2e-", suffix=".json")
+    os.close(fd)
+    env = record.child_env(ALLOCATORS[allocator])
+    cmd = [sys.executable, str(HERE), "--child", name, allocator, "--steps", str(steps), "--result", result]
+    if snapshot_dir:
+        cmd += ["--snapshots", snapshot_dir]
+    try:
+        proc = subprocess.run(cmd, env=env, timeout=timeout, capture_output=True, text=True)
+        with open(result) as f:
+            text = f.read()
+        if proc.returncode != 0 or not text:
+            tail = (proc.stdout + proc.stderr).strip().splitlines()[-5:]
+            return None, "exit %d: %s" % (proc.returncode, " | ".join(tail))
+        return json.loads(text), None
+    except subprocess.TimeoutExpired:
+        return None, "over its %d s" % timeout
+    finally:
+        os.unlink(result)
+
+
+def spread(values, fmt):
+    values = sorted(values)
+    if len(values) == 1:
+        return fmt % values[0]
+    return (fmt + " (" + fmt + ".." + fmt + ")") % (statistics.median(values), values[0], values[-1])
+
+
+def report(name, rows):
+    """rows: allocator -> list of results, one per round (None where that process failed)."""
+    print("\n%s" % name)
+    print("  %-20s %28s %28s %26s" % ("", "process peak MiB", "allocator reserved MiB", "step ms"))
+    for a in ALLOCATORS:
+        got = [r for r in rows.get(a, []) if r and "failed" not in r]
+        if not got:
+            print("  %-20s (no run finished)" % a)
+            continue
+        print("  %-20s %28s %28s %26s" % (
+            a, spread([r["process_peak_bytes"] / MIB for r in got], "%.0f"),
+            spread([r["reserved_high_bytes"] / MIB for r in got], "%.0f"),
+            spread([r["step_s_median"] * 1e3 for r in got], "%.1f")))
+    ours, theirs = rows.get("streamalloc", []), rows.get("pytorch", [])
+    pairs = [(o, t) for o, t in zip(ours, theirs) if o and t and "failed" not in o and "failed" not in t]
+    if pairs:
+        peak = [o["process_peak_bytes"] / t["process_peak_bytes"] for o, t in pairs]
+        step = [o["step_s_median"] / t["step_s_median"] for o, t in pairs]
+        print("  streamalloc / PyTorch's default, round by round: process peak %s, step time %s"
+              % (spread(peak, "%.3f"), spread(step, "%.3f")))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", help="comma-separated workloads: " + ", ".join(record.BY_NAME))
+    ap.add_argument("--allocators", help="comma-separated, of: " + ", ".join(ALLOCATORS) + " (default: all)")
+    ap.add_argument("--runs", type=int, default=3, help="rounds: each allocator once per workload")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--json", help="write every process's results here")
+    ap.add_argument("--snapshots", metavar="DIR",
+                    help="streamalloc's processes write the pool's snapshot with its history here")
+    ap.add_argument("--report", nargs="+", metavar="JSON",
+                    help="print the tables of earlier runs' --json files together (their rounds added up)")
+    ap.add_argument("--first", type=int, default=0, help=argparse.SUPPRESS)  # rotation of a later call
+    ap.add_argument("--child", nargs=2, metavar=("WORKLOAD", "ALLOCATOR"), help=argparse.SUPPRESS)
+    ap.add_argument("--result", help=argparse.SUPPRESS)
+    opts = ap.parse_args()
+    if opts.child:
+        child(opts.child[0], opts.child[1], opts.steps, opts.result, opts.snapshots)
+        return 0
+    if opts.report:
+        merged = {}
+        for path in opts.report:
+            with open(path) as f:
+                for n, rows in json.load(f)["results"].items():
+                    for a, runs in rows.items():
+                        merged.setdefault(n, {}).setdefault(a, []).extend(runs)
+        for n, rows in merged.items():
+            report(n, rows)
+        return 0
+    try:
+        import torch
+    except ImportError:
+        print("SKIPPED: PyTorch is not installed")
+        return SKIP
+    if not torch.cuda.is_available():
+        print("SKIPPED: PyTorch sees no GPU")
+        return SKIP
+    names = [n.strip() for n in opts.only.split(",")] if opts.only else list(record.BY_NAME)
+    unknown = [n for n in names if n not in record.BY_NAME]
+    if unknown:
+        print("unknown workload(s): %s (known: %s)" % (", ".join(unknown), ", ".join(record.BY_NAME)))
+        return 2
+    results = {n: {a: [] for a in ALLOCATORS} for n in names}
+    failures = 0
+    order = [a.strip() for a in opts.allocators.split(",")] if opts.allocators else list(ALLOCATORS)
+    if any(a not in ALLOCATORS for a in order):
+        print("unknown allocator in %s (known: %s)" % (opts.allocators, ", ".join(ALLOCATORS)))
+        return 2
+    for r in range(opts.runs):
+        for n in names:
+            k = (r + opts.first) % len(order)
+            for a in order[k:] + order[:k]:  # a different first each round
+                res, err = run_child(n, a, opts.steps, 600, opts.snapshots)
+                if err:
+                    failures += 1
+                    print("round %d, %s on %s failed: %s" % (r + 1, n, a, err), flush=True)
+                    res = {"workload": n, "allocator": a, "failed": err}
+                else:
+                    print("round %d, %s on %-18s peak %6.0f MiB, step %7.1f ms" % (
+                        r + 1, n, a, res["process_peak_bytes"] / MIB, res["step_s_median"] * 1e3), flush=True)
+                results[n][a].append(res)
+    for n in names:
+        report(n, results[n])
+    if opts.json:
+        with open(opts.json, "w") as f:
+            json.dump({"runs": opts.runs, "steps": opts.steps, "results": results}, f, indent=1)
+        print("\nwrote %s" % opts.json)
+    return 0 if failures == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
