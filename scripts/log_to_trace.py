@@ -1,12 +1,22 @@
 #!/usr/bin/env python3
-"""Turns a streamalloc::logging_resource log (CSV or JSON lines) into an allocation trace in the
-format of bench/traces/README.md, so that what a real program allocated can be replayed by
-bench_trace_replay (on a GPU, against cudaMallocAsync, CUB and streamalloc's pools) and
-bench_trace_sim (on the CPU).
+"""Turns a streamalloc::logging_resource log (CSV or JSON lines), or the history in a pool's
+snapshot, into an allocation trace in the format of bench/traces/README.md, so that what a real
+program allocated can be replayed by bench_trace_replay (on a GPU, against cudaMallocAsync, CUB
+and streamalloc's pools) and bench_trace_sim (on the CPU).
 
     python3 scripts/log_to_trace.py allocations.csv -o myprog.trace.gz [--name myprog]
+    python3 scripts/log_to_trace.py pool.snapshot.json.gz -o myprog.trace.gz
     ./build/bench/bench_trace_replay myprog.trace.gz
     python3 scripts/log_to_trace.py --self-test
+
+A snapshot (pool::snapshot, streamalloc_snapshot, streamalloc.snapshot() written with json.dump)
+holds a history when the pool kept one (pool::keep_history, streamalloc.keep_history): its
+allocations and frees become the trace, stream by stream, with the bytes the pool was asked
+for. Kept from the pool's first allocation, it is a whole run: a PyTorch program's warm-up too,
+where the optimizer's state is made among freed activations, which bench/traces/record.py's
+traces (recorded after a warm-up and an emptied cache) leave out. A history whose ring dropped
+its oldest events starts with blocks of unknown size: their frees are live at the start, as
+below, and the header counts the events dropped.
 
 What the conversion keeps and what it cannot:
 - Each successful allocation is an `a <id> <bytes> <stream>` line with the bytes asked for; each
@@ -48,14 +58,22 @@ class LogError(Exception):
     """A log that cannot be converted; the message names the file and line."""
 
 
-def records(path):
-    """Yields (line number, dict) for each operation of the log, CSV or JSON lines."""
+def records(path, source=None):
+    """Yields (line number, dict) for each operation of the log, CSV or JSON lines, or of a
+    snapshot's history (event number, and the dict a JSON line would be). `source`, a dict if
+    given, is told what was read: "kind" and, for a snapshot, "dropped"."""
+    source = {} if source is None else source
+    source["kind"] = "a streamalloc::logging_resource log"
     opener = gzip.open if path.endswith(".gz") else open
     with opener(path, "rt", encoding="utf-8", newline="") as f:
         first = f.readline()
         if not first:
             return
         if first.lstrip().startswith("{"):
+            doc = _snapshot_of(first, f)
+            if doc is not None:
+                yield from _history_records(path, doc, source)
+                return
             number = 0
             for number, text in enumerate(_chain([first], f), start=1):
                 if not text.strip():
@@ -80,6 +98,34 @@ def records(path):
             yield number, rec
 
 
+def _snapshot_of(first, rest):
+    """The snapshot document whose text starts with line `first` (the rest read from `rest`), or
+    None when the text is a log of JSON lines. A snapshot is one JSON object with "blocks"; a
+    log's line is an operation."""
+    try:
+        one = json.loads(first)
+    except json.JSONDecodeError:
+        one = None  # a document over several lines, or not JSON: a log's line parses whole
+    if isinstance(one, dict) and "operation" in one:
+        return None
+    doc = one if one is not None else json.loads(first + rest.read())
+    return doc if isinstance(doc, dict) and "blocks" in doc else None
+
+
+def _history_records(path, doc, source):
+    history = doc.get("history")
+    if not isinstance(history, dict) or not history.get("events"):
+        raise LogError(f"{path}: a snapshot without a history (the pool kept none: pool::keep_history)")
+    source["kind"] = "a pool snapshot's history"
+    source["dropped"] = int(history.get("dropped", 0))
+    for number, e in enumerate(history["events"], start=1):
+        op = e.get("op")
+        if op not in ("allocate", "free"):
+            continue  # grow, release, remap: the pool's own doings
+        yield number, {"operation": op + "_async", "pointer": hex(int(e["address"])), "bytes": e["bytes"],
+                       "alignment": 256, "stream": str(e["stream"]), "outcome": "ok"}
+
+
 def _chain(*iterables):
     for it in iterables:
         yield from it
@@ -95,7 +141,8 @@ def convert(path, name=None):
     sizes = {}
     next_sid = 0
     failed = zero = null_frees = over_aligned = 0
-    for number, rec in records(path):
+    source = {}
+    for number, rec in records(path, source):
         op = rec.get("operation")
         if op not in ALLOCATIONS and op not in FREES and op not in RESIZES:
             raise LogError(f"{path}:{number}: unknown operation {op!r}")
@@ -179,7 +226,7 @@ def convert(path, name=None):
     count = sum(1 for text in lines if not text.startswith("#"))
 
     head = [f"# streamalloc trace v1 {name} ops={count} peak_live={peak}",
-            f"# converted from {os.path.basename(path)} (a streamalloc::logging_resource log) by scripts/log_to_trace.py",
+            f"# converted from {os.path.basename(path)} ({source['kind']}) by scripts/log_to_trace.py",
             f"# live at start: {len(prelive)} blocks, {sum(b for _, b, _ in prelive)} bytes (freed in the log, "
             f"allocated before it)",
             "# streams: " + ", ".join(f"{n} = {'synchronous calls' if k == SYNC_STREAM else k}"
@@ -193,6 +240,8 @@ def convert(path, name=None):
         left.append(f"{null_frees} frees of null")
     if left:
         head.append("# left out: " + ", ".join(left))
+    if source.get("dropped"):
+        head.append(f"# the history had dropped its {source['dropped']} oldest events")
     if over_aligned:
         head.append(f"# {over_aligned} allocations asked for an alignment above 256, which the format does not keep")
     return "\n".join(head + lines) + "\n"
@@ -242,6 +291,33 @@ def self_test():
             write(convert(path, "selftest"), out)
             with gzip.open(out, "rt") as f:
                 assert f.read().splitlines() == trace
+        # A snapshot's history: the pool's own events left out, streams by id, a free of a block
+        # allocated before the history's first event live at the start.
+        events = [{"t_ns": 1, "op": "grow", "stream": 7, "address": 4096, "bytes": 1 << 26},
+                  {"t_ns": 2, "op": "allocate", "stream": 7, "address": 4096, "bytes": 1000},
+                  {"t_ns": 3, "op": "free", "stream": 9, "address": 8192, "bytes": 300},
+                  {"t_ns": 4, "op": "allocate", "stream": 9, "address": 8192, "bytes": 500},
+                  {"t_ns": 5, "op": "free", "stream": 7, "address": 4096, "bytes": 1000},
+                  {"t_ns": 6, "op": "remap", "stream": 7, "address": 4096, "bytes": 1 << 21}]
+        snap = {"version": 100, "blocks": [], "history": {"capacity": 8, "dropped": 2, "events": events}}
+        path = os.path.join(d, "pool.snapshot.json.gz")
+        with gzip.open(path, "wt") as f:
+            json.dump(snap, f)
+        trace = convert(path, "snap").splitlines()
+        assert trace[0] == "# streamalloc trace v1 snap ops=5 peak_live=1500", trace[0]
+        ops = [t for t in trace[1:] if not t.startswith("# ") or t == "# step 1"]
+        assert ops == ["a 0 300 0", "# step 1", "a 1 1000 1", "f 0 0", "a 2 500 0", "f 1 1"], ops
+        assert "(a pool snapshot's history)" in trace[1], trace[1]
+        assert "# streams: 0 = 9, 1 = 7" in trace, trace
+        assert "# the history had dropped its 2 oldest events" in trace, trace
+        del snap["history"]
+        with gzip.open(path, "wt") as f:
+            json.dump(snap, f)
+        try:
+            convert(path)
+            raise AssertionError("a snapshot without a history was accepted")
+        except LogError as e:
+            assert "without a history" in str(e), e
         bad = os.path.join(d, "bad.csv")
         with open(bad, "w") as f:
             f.write(csv_log.splitlines()[0] + "\n1,1,allocate,0x10,1,256,,ok,,\n2,1,allocate,0x10,1,256,,ok,,\n")
@@ -267,7 +343,8 @@ def _as_json(csv_text):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("log", nargs="?", help="a logging_resource log, CSV or JSON lines (.gz read too)")
+    ap.add_argument("log", nargs="?",
+                    help="a logging_resource log, CSV or JSON lines, or a pool snapshot with its history (.gz read too)")
     ap.add_argument("-o", "--output", default="-", help="the trace to write (.gz: compressed; default: stdout)")
     ap.add_argument("--name", help="the trace's name in its header (default: the log's file name)")
     ap.add_argument("--self-test", action="store_true", help="check the conversion on made-up logs and exit")
