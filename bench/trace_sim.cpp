@@ -10,12 +10,13 @@
 // printed beside them when pytorch_peaks.json is found next to the trace.
 //
 //   bench_trace_sim [--live-gib N] [--steps N]
-//   bench_trace_sim --trace FILE|DIR [--trace FILE|DIR ...] [--snapshots DIR]
+//   bench_trace_sim --trace FILE|DIR [--trace FILE|DIR ...] [--snapshots DIR [--snapshot-at N]]
 //                   [--device idle|steps] [--streams kept|pytorch]
 //
 // --snapshots writes, for each trace, the default pool's snapshot (pool::snapshot's JSON, with
 // the history of every event up to then) taken when the trace's live bytes peak, to
-// DIR/<trace>.snapshot.json: what scripts/plot_snapshot.py draws.
+// DIR/<trace>.snapshot.json: what scripts/plot_snapshot.py draws. --snapshot-at N takes it after
+// the trace's Nth operation instead.
 
 #include <streamalloc/detail/core/pool_core.hpp>
 #include <streamalloc/detail/pool/snapshot_json.hpp>
@@ -42,6 +43,7 @@ struct config {
 constexpr config configs[] = {{64u << 20, true}, {16u << 20, false}, {2u << 20, false}};
 
 std::string snapshot_dir;  // --snapshots
+std::size_t snapshot_at = 0;  // --snapshot-at: after this operation (1-based) instead of at the peak
 // --device steps: the device runs a trace's work only when the host synchronizes, at the start
 // of each step (a training loop reading its loss), instead of finishing each operation's work
 // before the next (an idle GPU, the default, as in bench_trace_replay). A real training run
@@ -116,7 +118,7 @@ void simulate(const std::vector<bench::recorded_op>& ops, std::size_t allocation
     std::vector<std::uint64_t> ptr(allocations);
     // The default pool's snapshot at the peak, when asked (it slows that replay's timing).
     const bool snap = !snapshot_dir.empty() && !name.empty() && &c == &configs[0];
-    const std::size_t snap_at = snap ? peak_op(ops) : ops.size();
+    const std::size_t snap_at = !snap ? ops.size() : snapshot_at != 0 ? std::min(snapshot_at, ops.size()) - 1 : peak_op(ops);
     if (snap) pool.history().keep(snap_at + 1024);
     const auto t = std::chrono::steady_clock::now();
     std::size_t step = 0, next_step = 0;
@@ -219,6 +221,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--steps") && i + 1 < argc) steps = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--trace") && i + 1 < argc) traces.emplace_back(argv[++i]);
     else if (!std::strcmp(argv[i], "--snapshots") && i + 1 < argc) snapshot_dir = argv[++i];
+    else if (!std::strcmp(argv[i], "--snapshot-at") && i + 1 < argc) snapshot_at = std::strtoull(argv[++i], nullptr, 10);
     else if (!std::strcmp(argv[i], "--device") && i + 1 < argc && !std::strcmp(argv[i + 1], "steps")) {
       device_idle = false;
       ++i;
@@ -231,7 +234,7 @@ int main(int argc, char** argv) {
       ++i;
     }
     else {
-      std::fprintf(stderr, "usage: bench_trace_sim [--live-gib N] [--steps N] | --trace FILE|DIR [--trace ...] [--snapshots DIR]\n"
+      std::fprintf(stderr, "usage: bench_trace_sim [--live-gib N] [--steps N] | --trace FILE|DIR [--trace ...] [--snapshots DIR [--snapshot-at N]]\n"
                    "                       [--device idle|steps] [--streams kept|pytorch]\n");
       return 2;
     }
