@@ -585,23 +585,26 @@ CUresult fake_cuMemImportFromShareableHandle(CUmemGenericAllocationHandle* h, vo
 
 // --- streams, events, context stack: the device runs everything at once -------------------
 
-[[gnu::tls_model("initial-exec")]] thread_local std::vector<CUcontext> context_stack;
+// The calling thread's pushed contexts: a plain array, which has no destructor, so that calls
+// made while the process exits still find it. exit() runs the main thread's thread_local
+// destructors before the atexit handlers, and a pool's handler (default_pool's trim) pushes a
+// stream's context to ask the stream about its work (AddressSanitizer caught a vector here,
+// destroyed by then).
+constexpr int context_stack_capacity = 64;
+[[gnu::tls_model("initial-exec")]] thread_local CUcontext context_stack[context_stack_capacity];
+[[gnu::tls_model("initial-exec")]] thread_local int context_stack_size = 0;
 
 CUresult fake_cuCtxPushCurrent(CUcontext c) {
   if (CUresult r = need_init()) return r;
-  context_stack.push_back(current_context);
+  if (context_stack_size == context_stack_capacity) return CUDA_ERROR_OUT_OF_MEMORY;
+  context_stack[context_stack_size++] = current_context;
   current_context = c;
   return CUDA_SUCCESS;
 }
 CUresult fake_cuCtxPopCurrent(CUcontext* c) {
   if (CUresult r = need_init()) return r;
   if (c != nullptr) *c = current_context;
-  if (context_stack.empty()) {
-    current_context = nullptr;
-  } else {
-    current_context = context_stack.back();
-    context_stack.pop_back();
-  }
+  current_context = context_stack_size == 0 ? nullptr : context_stack[--context_stack_size];
   return CUDA_SUCCESS;
 }
 CUresult fake_cuCtxSynchronize() {
