@@ -4,6 +4,7 @@
 /// @brief `stream_buffer<T>`: a typed, move-only buffer allocated and freed in the order of a
 /// stream, that grows in place, and that moves to another stream only with proof of ordering.
 
+#include <streamalloc/detail/buffer_readers.hpp>
 #include <streamalloc/ordering.hpp>
 #include <streamalloc/pool.hpp>
 #include <streamalloc/resource.hpp>
@@ -377,7 +378,7 @@ class basic_stream_buffer {
                   "stream_order from stream.wait(event) or order_after, or a host_order from a synchronization)");
     detail::check_proof(proof, other.stream().record(), other.last_use_, &stream_.record(), "stream_buffer::copy_from");
     copy_buffer(other);
-    other.note_reader(stream_);
+    other.readers_.note(stream_);
   }
 
   /// Rejected: copying between buffers of different element types.
@@ -515,7 +516,7 @@ class basic_stream_buffer {
       capacity_ = 0;
       return;
     }
-    order_readers();  // the freed part may have been read on other streams
+    readers_.order_before_free(stream_);  // the freed part may have been read on other streams
     const std::size_t kept = pool_->shrink_in_place(data_, size_bytes(), stream_);
     capacity_ = kept / sizeof(T);
     log_line(detail::log_op::resize_async, data_, kept);
@@ -550,15 +551,6 @@ class basic_stream_buffer {
                   "device_accessible");
     return true;
   }
-
-  struct reader {
-    stream_ref stream;
-    detail::record_ref record;  // held: the stream may be gone when the buffer is freed
-    std::uint64_t stamp;
-    // For a stream whose handle may not be used later (see note_reader): an event recorded
-    // right after the read, while the handle was in hand.
-    std::unique_ptr<event> after;
-  };
 
   /// A stream of a device the buffer's pool does not serve: says which, and how to grant it.
   [[noreturn]] STREAMALLOC_COLD void throw_not_served(const char* member, int stream_device) const {
@@ -650,50 +642,8 @@ class basic_stream_buffer {
     copy_bytes(data_, other.data_, n * sizeof(T));
   }
 
-  void note_reader(stream_ref s) const {
-    detail::stream_record& r = s.record();
-    const std::uint64_t stamp = r.stamp();
-    // A raw stream may be destroyed before this buffer is freed, and CUDA hands its handle
-    // value to the next stream created; the per-thread default stream's handle names the
-    // stream of whichever thread uses it. Neither may be used at the free, so such a reader is
-    // covered now by an event recorded after its read.
-    std::unique_ptr<event> after;
-    if (!r.handle_stable()) after = event_after(s);
-    readers_.push_back({s, detail::record_ref(r), stamp, std::move(after)});
-  }
-
-  /// An event recorded on `s` now, made in `s`'s context (an event is recorded only on streams
-  /// of the context it was made in).
-  static std::unique_ptr<event> event_after(stream_ref s) {
-    CUcontext ctx = nullptr;
-    detail::check(detail::cu::cuStreamGetCtx_nothrow(s.get(), &ctx), "cuStreamGetCtx");
-    std::unique_ptr<event> e = detail::make_event_in(ctx);
-    e->record(s);
-    return e;
-  }
-
-  // Streams that read the buffer through copy_from(other, proof) must be ordered before its
-  // free: where streamalloc cannot see that they are, it makes the free wait for them.
-  void order_readers() {
-    for (const reader& r : readers_) {
-      if (r.record.get() == &stream_.record()) continue;  // the same stream (not merely the same handle)
-      if (stream_.record().ordered_after(r.record->id()) >= r.stamp || r.record->completed() >= r.stamp) continue;
-      if (r.after) {
-        (void)stream_.wait(*r.after);
-      } else if (r.record->retired()) {
-        // The reader's stream is gone (destroyed with work perhaps still queued) and its
-        // handle may already name another stream: wait for its device instead, so the memory
-        // is neither freed under a reader nor leaked.
-        (void)synchronize_device(r.record->device());
-      } else {
-        (void)order_after(stream_, r.stream);
-      }
-    }
-    readers_.clear();
-  }
-
   void free_now() {
-    order_readers();
+    readers_.order_before_free(stream_);
     log_line(detail::log_op::free_async, data_, capacity_ * sizeof(T));
     pool_->deallocate(data_, stream_);
     data_ = nullptr;
@@ -727,7 +677,9 @@ class basic_stream_buffer {
   size_type size_ = 0;
   size_type capacity_ = 0;
   mutable std::uint64_t last_use_ = 0;
-  mutable std::vector<reader> readers_;
+  // Streams that read the buffer through copy_from(other, proof): ordered before its free.
+  // Mutable: the buffer read is the const source of the copy.
+  mutable detail::buffer_readers readers_;
 };
 
 /// Device memory, for kernels.
