@@ -52,6 +52,15 @@ inline bool is_legacy_handle(CUstream s) noexcept {
   return s == CU_STREAM_LEGACY;
 }
 
+/// The handle that names the same stream as `s` and is not null: a null handle (the default
+/// stream, legacy or per-thread as the code is built) as the default stream's own handle,
+/// any other as it is. Where null means "no stream" (a pool's synchronous calls), a stream
+/// given as null must not be mistaken for it.
+inline CUstream explicit_handle(CUstream s) noexcept {
+  if (s != nullptr) return s;
+  return is_per_thread_handle(s) ? CU_STREAM_PER_THREAD : CU_STREAM_LEGACY;
+}
+
 /// The id of the stream a raw handle names now, for a stream known not to be capturing (one
 /// driver call; a handle value is no identity: CUDA gives a destroyed stream's handle to the
 /// next stream made). Asked of a stream being captured in global mode, cuStreamGetId is

@@ -8,7 +8,7 @@
 // not let the memory go before that launch has finished, and should not make its owner wait
 // for it. Both hand a job to the reaper, a thread of streamalloc's own, which does the work.
 //
-// At exit the reaper is given a short while to finish (drain_at_exit): a program that drops its
+// At exit the reaper is given a short while to finish (drain): a program that drops its
 // last graph just before returning from main would otherwise exit while the reaper still
 // unmaps that graph's memory, racing the process's static destructors, and tools such as
 // compute-sanitizer would count the memory as leaked.
@@ -50,13 +50,13 @@ class graph_reaper {
     return *r;
   }
 
-  /// Starts the thread, once; call before the first job may be handed over. Also registers
-  /// drain_at_exit: registered after the CUDA runtime's own exit handler (CUDA is in use by
-  /// the time a graph holds pool memory), it runs before that handler tears the runtime down.
+  /// Starts the thread, once; call before the first job may be handed over. Also has `drain()`
+  /// run at exit: registered after the CUDA runtime's own exit handler (CUDA is in use by the
+  /// time a graph holds pool memory), it runs before that handler tears the runtime down.
   void start() {
     std::call_once(started_, [this] {
       std::thread([this] { run(); }).detach();
-      std::atexit([] { instance().drain_at_exit(); });
+      std::atexit([] { (void)instance().drain(); });
     });
   }
 
@@ -100,8 +100,6 @@ class graph_reaper {
 
  private:
   graph_reaper() = default;
-
-  void drain_at_exit() noexcept { (void)drain(); }
 
   [[noreturn]] void run() noexcept {
     for (;;) {

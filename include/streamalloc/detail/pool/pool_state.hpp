@@ -49,16 +49,14 @@
 
 namespace streamalloc::detail {
 
-/// The key of a stream the caller has just found not capturing (capture_of). A default
-/// stream given as a null handle is keyed by its explicit handle (CU_STREAM_LEGACY or
-/// CU_STREAM_PER_THREAD): to the pool a null handle means no stream at all (a synchronous
-/// call), so it could never query that stream or record an event on it, and frees made on it
-/// would never be known complete, nor reusable by other streams or remapped.
+/// The key of a stream the caller has just found not capturing (capture_of). Its handle is
+/// never null (explicit_handle): to the pool a null handle means no stream at all (a
+/// synchronous call), so a default stream given as null could never be queried or have an
+/// event recorded on it, and its frees would never be known complete, nor reused by other
+/// streams or remapped.
 inline stream_key key_of_uncaptured(stream_ref s) {
   stream_record* known = s.known_record();
-  CUstream native = s.get();
-  if (native == nullptr) native = is_per_thread_handle(native) ? CU_STREAM_PER_THREAD : CU_STREAM_LEGACY;
-  return {known != nullptr ? known : &resolve_uncaptured_stream(s.get()), native};
+  return {known != nullptr ? known : &resolve_uncaptured_stream(s.get()), explicit_handle(s.get())};
 }
 
 /// The pseudo-stream of synchronous allocations: no CUDA stream, and every free on it is
