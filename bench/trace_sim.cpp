@@ -123,32 +123,22 @@ void simulate(const std::vector<bench::recorded_op>& ops, std::size_t allocation
     const auto t = std::chrono::steady_clock::now();
     std::size_t step = 0, next_step = 0;
     try {
-      if (keys.size() == 1) {
-        for (const auto& op : ops) {
-          if (!device_idle && next_step < step_starts.size() && step == step_starts[next_step]) {
-            dev->run_all();  // the host synchronizes at the end of each step
-            ++next_step;
-          }
-          if (op.alloc) ptr[op.id] = pool.allocate(op.size, keys[0]);
-          else pool.deallocate(ptr[op.id], keys[0]);
-          if (device_idle) dev->run(keys[0].native);  // an idle device: every event completes at once
-          if (step == snap_at) write_snapshot(pool, snapshot_dir + "/" + name + ".snapshot.json");
-          ++step;
+      for (const auto& op : ops) {
+        if (!device_idle && next_step < step_starts.size() && step == step_starts[next_step]) {
+          dev->run_all();  // the host synchronizes at the end of each step
+          ++next_step;
         }
-      } else {
-        for (const auto& op : ops) {
-          if (!device_idle && next_step < step_starts.size() && step == step_starts[next_step]) {
-            dev->run_all();
-            ++next_step;
-          }
-          const stream_key& s = keys[op.stream];
-          if (op.alloc) ptr[op.id] = pool.allocate(op.size, s);
-          else pool.deallocate(ptr[op.id], s);
-          // The pool may record events on other streams than the op's: all of them complete.
-          if (device_idle) dev->run_all();
-          if (step == snap_at) write_snapshot(pool, snapshot_dir + "/" + name + ".snapshot.json");
-          ++step;
+        const stream_key& s = keys[op.stream];
+        if (op.alloc) ptr[op.id] = pool.allocate(op.size, s);
+        else pool.deallocate(ptr[op.id], s);
+        // An idle device: every event completes at once; with several streams the pool may
+        // record events on other streams than the op's, and all of them complete.
+        if (device_idle) {
+          if (keys.size() == 1) dev->run(s.native);
+          else dev->run_all();
         }
+        if (step == snap_at) write_snapshot(pool, snapshot_dir + "/" + name + ".snapshot.json");
+        ++step;
       }
     } catch (const core_out_of_memory& e) {
       std::printf("%9zu MiB: out of memory at operation %zu (%llu bytes): %s\n", chunk >> 20, step,
