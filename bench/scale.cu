@@ -9,7 +9,8 @@
 //              us per stream, the pool's reserved memory and the records held
 //   3. live    L live blocks (256 B .. 4 KiB, one stream): ns per allocate, then per free,
 //              at L = 1,000 .. 1,000,000, and the floor under a coalescing free at each L
-//              (free_floor.hpp): how much of the growth the memory hierarchy alone makes
+//              (free_floor.hpp): how much of the growth the memory hierarchy alone makes; then
+//              the allocates again on the grown pools, apart from the growth's driver calls
 //   4. pools   pools made one after another, each allocating and growing a buffer in place,
 //              until 4,096 or the first failure
 //
@@ -341,8 +342,9 @@ void raw_churn() {
 
 void live_blocks() {
   std::printf("\n3. L live blocks of 256 B .. 4 KiB on one stream: ns per allocate, then per free (random order)\n");
-  std::printf("%10s %12s %12s %12s %12s %12s\n", "live", "alloc ours", "alloc driver", "free ours", "free driver",
-              "free floor");
+  std::printf("   (then again on the pools the first pass grew: what an allocate costs without the growth)\n");
+  std::printf("%10s %12s %12s %12s %12s %12s %12s %12s\n", "live", "alloc ours", "alloc driver", "free ours",
+              "free driver", "free floor", "grown: ours", "grown: drv");
   std::uint64_t sink = 0;
   std::vector<std::size_t> counts = {1000, 10000, 100000};
   if (!quick) counts.push_back(1000000);
@@ -355,7 +357,7 @@ void live_blocks() {
     std::shuffle(order.begin(), order.end(), rng);
     streamalloc::stream s(0);
     std::vector<void*> p(n);
-    double a_ours, f_ours, a_drv, f_drv;
+    double a_ours, f_ours, a_drv, f_drv, a_ours_grown, a_drv_grown;
     {
       streamalloc::pool pool(bench::kept());
       auto t = clk::now();
@@ -364,6 +366,11 @@ void live_blocks() {
       t = clk::now();
       for (std::size_t i : order) pool.deallocate(p[i], s);
       f_ours = seconds_since(t) * 1e9 / n;
+      s.synchronize();
+      t = clk::now();
+      for (std::size_t i = 0; i < n; ++i) p[i] = pool.allocate(sizes[i], s);
+      a_ours_grown = seconds_since(t) * 1e9 / n;
+      for (std::size_t i : order) pool.deallocate(p[i], s);
       s.synchronize();
     }
     {
@@ -375,15 +382,23 @@ void live_blocks() {
       for (std::size_t i : order) BENCH_CHECK(cudaFreeAsync(p[i], s.get()));
       f_drv = seconds_since(t) * 1e9 / n;
       s.synchronize();
+      t = clk::now();
+      for (std::size_t i = 0; i < n; ++i) BENCH_CHECK(cudaMallocFromPoolAsync(&p[i], sizes[i], dp, s.get()));
+      a_drv_grown = seconds_since(t) * 1e9 / n;
+      for (std::size_t i : order) BENCH_CHECK(cudaFreeAsync(p[i], s.get()));
+      s.synchronize();
       BENCH_CHECK(cudaMemPoolDestroy(dp));
     }
     const double floor_ns = bench::free_floor_ns(order, sink);
-    std::printf("%10zu %12.0f %12.0f %12.0f %12.0f %12.1f\n", n, a_ours, a_drv, f_ours, f_drv, floor_ns);
+    std::printf("%10zu %12.0f %12.0f %12.0f %12.0f %12.1f %12.0f %12.0f\n", n, a_ours, a_drv, f_ours, f_drv, floor_ns,
+                a_ours_grown, a_drv_grown);
     json_row("live_" + std::to_string(n),
              "\"live\": " + std::to_string(n) + ", \"streamalloc_allocate_ns\": " + std::to_string(a_ours) +
                  ", \"cudaMallocAsync_allocate_ns\": " + std::to_string(a_drv) + ", \"streamalloc_free_ns\": " +
                  std::to_string(f_ours) + ", \"cudaFreeAsync_ns\": " + std::to_string(f_drv) +
-                 ", \"free_floor_ns\": " + std::to_string(floor_ns));
+                 ", \"free_floor_ns\": " + std::to_string(floor_ns) + ", \"streamalloc_allocate_grown_ns\": " +
+                 std::to_string(a_ours_grown) + ", \"cudaMallocAsync_allocate_grown_ns\": " +
+                 std::to_string(a_drv_grown));
   }
   if (sink == 0) std::printf("   (no neighbour was ever seen free: the floor's model is broken)\n");
 }

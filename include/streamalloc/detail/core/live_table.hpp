@@ -42,6 +42,17 @@ class live_table {
     s.put(addr, b);
   }
 
+  /// Starts fetching the slot `addr` would take, for an insert a little later: among many live
+  /// blocks the slot is a cache miss, which then overlaps the caller's work in between.
+  /// Reads the shard's table without its lock: a table growing meanwhile makes a useless
+  /// fetch, never a wrong insert (a prefetch of any address is harmless).
+  void prefetch(std::uint64_t addr) noexcept {
+    const shard& s = shard_of(addr);
+    const std::uintptr_t base = s.seen_base.load(std::memory_order_relaxed);
+    const std::size_t mask = s.seen_mask.load(std::memory_order_relaxed);
+    if (base != 0) __builtin_prefetch(reinterpret_cast<const void*>(base + (hash(addr) & mask) * sizeof(slot)), 1);
+  }
+
   /// Removes and returns the block at `addr`; null if no live block starts there.
   block* erase(std::uint64_t addr) noexcept {
     shard& s = shard_of(addr);
@@ -104,15 +115,20 @@ class live_table {
     block* b = nullptr;
   };
 
+  static std::size_t hash(std::uint64_t addr) noexcept {
+    return static_cast<std::size_t>((addr >> 8) * 0x9E3779B97F4A7C15ULL >> 20);
+  }
+
   struct alignas(64) shard {
     spin_lock lock;
     std::vector<slot> slots;
     std::size_t used = 0;
     std::size_t tombstones = 0;
+    // The table's place and size as of its last growth, for prefetch, which takes no lock.
+    std::atomic<std::uintptr_t> seen_base{0};
+    std::atomic<std::size_t> seen_mask{0};
 
-    [[nodiscard]] std::size_t home(std::uint64_t addr) const noexcept {
-      return static_cast<std::size_t>((addr >> 8) * 0x9E3779B97F4A7C15ULL >> 20) & (slots.size() - 1);
-    }
+    [[nodiscard]] std::size_t home(std::uint64_t addr) const noexcept { return hash(addr) & (slots.size() - 1); }
     void put(std::uint64_t addr, block* b) noexcept {
       for (std::size_t i = home(addr);; i = (i + 1) & (slots.size() - 1)) {
         slot& e = slots[i];
@@ -129,6 +145,8 @@ class live_table {
       std::vector<slot> old = std::move(slots);
       const std::size_t n = old.empty() ? 64 : (used * 4 > old.size() ? old.size() * 2 : old.size());
       slots.assign(n, slot{});
+      seen_base.store(reinterpret_cast<std::uintptr_t>(slots.data()), std::memory_order_relaxed);
+      seen_mask.store(n - 1, std::memory_order_relaxed);
       used = 0;
       tombstones = 0;
       for (const slot& e : old) {

@@ -482,6 +482,7 @@ class pool_core final : public completion_listener {
     flush_cache(st);
     if (!st.record->handle_stable()) completion_.cover(st, s);  // at most one event per slow call
     block* b = find_memory(n, st, s, where, options_.reuse.internal_dependencies);
+    live_.prefetch(b->addr);
     take(b, n);
     set_state(b, block_state::live);
     streams_.account_allocate(st, b->size);
