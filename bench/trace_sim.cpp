@@ -37,10 +37,12 @@ using namespace streamalloc::detail;
 
 struct config {
   std::size_t chunk;
-  bool own;  // a request of a chunk or more gets a chunk of its own size (the default pool)
+  bool own;  // a request of a chunk or more gets a chunk of its own size (the default pool until 0.x)
 };
-// The default pool (64 MiB chunks), an intermediate, and `compact` (2 MiB chunks).
-constexpr config configs[] = {{64u << 20, true}, {16u << 20, false}, {2u << 20, false}};
+// The default pool (64 MiB chunks, large requests built from them), the default before large
+// requests were built from chunks ("own": one handle of their own size), an intermediate, and
+// `compact` (2 MiB chunks).
+constexpr config configs[] = {{64u << 20, false}, {64u << 20, true}, {16u << 20, false}, {2u << 20, false}};
 
 std::string snapshot_dir;  // --snapshots
 std::size_t snapshot_at = 0;  // --snapshot-at: after this operation (1-based) instead of at the peak
@@ -88,7 +90,7 @@ void write_snapshot(Pool& pool, const std::string& path) {
 void simulate(const std::vector<bench::recorded_op>& ops, std::size_t allocations, std::uint32_t streams,
               std::size_t peak, std::uint64_t address_space, const std::string& name = {},
               const std::vector<std::size_t>& step_starts = {}) {
-  std::printf("%12s %14s %12s %10s %10s %8s %10s\n", "chunk", "reserved high", "/ peak live", "remapped", "chunks",
+  std::printf("%17s %14s %12s %10s %10s %8s %10s\n", "chunk", "reserved high", "/ peak live", "remapped", "chunks",
               "seconds", "ns/op");
   static char handles[bench::trace_detail::max_streams];
   for (const config& c : configs) {
@@ -148,7 +150,7 @@ void simulate(const std::vector<bench::recorded_op>& ops, std::size_t allocation
     }
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
     const auto st = pool.statistics();
-    std::printf("%9zu MiB %11.3f GiB %12.3f %10llu %10llu %8.2f %10.0f\n", chunk >> 20,
+    std::printf("%9zu MiB%s %11.3f GiB %12.3f %10llu %10llu %8.2f %10.0f\n", chunk >> 20, c.own ? ", own" : "     ",
                 double(st.reserved_high) / (1 << 30), double(st.reserved_high) / double(peak),
                 static_cast<unsigned long long>(st.remapped_chunks), static_cast<unsigned long long>(st.chunks), secs,
                 secs * 1e9 / double(ops.size()));

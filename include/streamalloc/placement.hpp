@@ -14,7 +14,8 @@ namespace streamalloc {
  * 64 MiB take 7.7 ms packed, 11.7 ms each in the middle of unused addresses).
  */
 enum class placement {
-  /// Next to the pool's other large allocations: the pool grows fastest. `grow_in_place`
+  /// With the pool's other memory (a request of a chunk or more built from chunks, extending
+  /// a free run's end when it can): the pool grows fastest and holds least. `grow_in_place`
   /// usually finds the addresses after it taken.
   packed,
   /// In the middle of the largest unused range of addresses, so that `grow_in_place` can

@@ -33,13 +33,16 @@ struct pool_properties {
   /// Which free memory a stream may reuse without waiting (reuse_policy.hpp).
   reuse_policy reuse{};
   /// Physical memory is created in chunks of this size (a multiple of the allocation
-  /// granularity); a request at least this large gets a chunk of its own size. 0: 64 MiB, the
-  /// smallest size at which `cudaMemcpy` over the memory runs within 2% of cudaMalloc memory
+  /// granularity); a larger request is built from whole chunks mapped next to each other, so
+  /// that the few long-lived blocks later placed in its memory once it is freed pin a chunk,
+  /// not all of it (a request that asks for room to grow in place, as `stream_buffer` does,
+  /// gets one physical allocation of its own size instead). 0: 64 MiB, the smallest size at
+  /// which `cudaMemcpy` over the memory runs within 2% of cudaMalloc memory
   /// (docs/vmm-bandwidth.md), and with which the pool grows as fast as the driver's.
   std::size_t chunk_size = 0;
   /// Stay compact under fragmentation: chunks of the allocation granularity (2 MiB; or
-  /// `chunk_size` if set), large requests built from them, so single chunks can be remapped to
-  /// defragment. On a fragmenting workload the pool then holds about 1.08 times the live bytes
+  /// `chunk_size` if set), every large request built from them (those asking for room to grow
+  /// too), so single chunks can be remapped to defragment. On a fragmenting workload the pool then holds about 1.08 times the live bytes
   /// instead of about 1.25 (docs/pool.md), at a cost: growth makes one physical allocation per
   /// 2 MiB (about 30 us each, against about 50 us per 64 MiB), and one large `cudaMemcpy` over
   /// an allocation spread over many chunks runs slower (docs/vmm-bandwidth.md).

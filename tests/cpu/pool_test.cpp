@@ -72,12 +72,17 @@ TEST_SUITE("pool") {
     CHECK_NOTHROW(p.deallocate(nullptr, s));
   }
 
-  TEST_CASE("a large request gets a chunk of its own") {
+  TEST_CASE("a large request is built from whole chunks; the rest of the last one stays free") {
     pool p;
     stream s(0);
     void* a = p.allocate(100 * MiB, s);
-    CHECK(p.statistics().chunks == 1);
-    CHECK(p.statistics().reserved_current == 100 * MiB);
+    CHECK(p.statistics().chunks == 2);
+    CHECK(p.statistics().reserved_current == 128 * MiB);
+    CHECK(fake_live().mappings == 2);
+    void* b = p.allocate(28 * MiB, s);  // the last chunk's rest, right after it: no growth
+    CHECK(static_cast<char*>(b) == static_cast<char*>(a) + 100 * MiB);
+    CHECK(p.statistics().reserved_current == 128 * MiB);
+    p.deallocate(b, s);
     p.deallocate(a, s);
   }
 

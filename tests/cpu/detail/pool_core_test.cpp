@@ -430,6 +430,39 @@ TEST_CASE("the limit and the device's memory end in core_out_of_memory, with the
   CHECK_THROWS_AS(g.pool->allocate(256 * MiB, s.key()), core_out_of_memory);
 }
 
+TEST_CASE("a large request is built from chunks: small blocks placed in its memory after its free pin one") {
+  // A training step's logits (1,020 MiB here) are freed, the optimizer's first state lands at
+  // the start of their memory and lives on, and the next step asks for the logits again.
+  // With one handle of its own per large request, those few MiB pinned the whole 1,000 MiB
+  // and the pool grew by another 1,020 MiB; built from 64 MiB chunks, it grows by one chunk.
+  for (const bool own : {false, true}) {
+    CAPTURE(own);
+    core_options o;
+    o.own_chunk_for_large = own;
+    o.release_threshold = ~std::uint64_t{0};
+    fixture f(o);
+    auto s = make_stream();
+    const auto logits = f.pool->allocate(1020 * MiB, s.key());
+    CHECK(f.pool->statistics().chunks == (own ? 1u : 16u));  // 1,024 MiB in chunks
+    f.pool->deallocate(logits, s.key());
+    host_sync(*f.dev, s);
+    const auto state = f.pool->allocate(9 * MiB, s.key());
+    CHECK(state == logits);  // best fit: the freed memory's start
+    const auto again = f.pool->allocate(1020 * MiB, s.key());
+    CHECK(f.dev->is_mapped(again, 1020 * MiB));
+    CHECK((again >= state + 9 * MiB || again + 1020 * MiB <= state));
+    const auto held = f.pool->statistics().reserved_current;
+    if (own) {
+      CHECK(held == 2040 * MiB);
+    } else {
+      CHECK(held == 1088 * MiB);  // one more chunk, after the 1,015 MiB left free
+      CHECK(again == state + 9 * MiB);
+    }
+    f.pool->deallocate(again, s.key());
+    f.pool->deallocate(state, s.key());
+  }
+}
+
 TEST_CASE("compact growth: a request no address run can hold fails at once, before any chunk is made") {
   core_options o;
   o.chunk_size = 2 * MiB;
@@ -697,7 +730,9 @@ TEST_CASE("grow_in_place: large allocations with room_to_grow have room after th
 }
 
 TEST_CASE("placement: packed large allocations sit next to each other, away from the chunks") {
-  fixture f;
+  core_options o;
+  o.own_chunk_for_large = true;  // each large request one handle of its own (not the default)
+  fixture f(o);
   auto s = make_stream();
   const auto small = f.pool->allocate(1 * MiB, s.key());
   std::vector<std::uint64_t> p;

@@ -74,7 +74,12 @@ struct core_options {
   std::uint64_t max_size = 0;           ///< 0: no limit but the device's memory
   std::uint64_t release_threshold = 0;  ///< free bytes kept at synchronization points
   std::uint64_t chunk_size = 0;         ///< physical memory is created in chunks of this
-  bool own_chunk_for_large = true;      ///< a request >= chunk_size gets one chunk of its size
+  /// A request >= chunk_size gets one chunk of its own size; otherwise it is built from chunks
+  /// (so a few long-lived blocks placed in its memory after its free pin one chunk, not all).
+  bool own_chunk_for_large = false;
+  /// Such a request asking for room to grow (placement::room_to_grow) gets one chunk of its own
+  /// size amid unused addresses, whatever own_chunk_for_large says.
+  bool own_chunk_to_grow = true;
   std::uint64_t address_space = 0;      ///< the most virtual addresses reserved, as needed
   /// Told of each reservation the pool makes (base, size), under its lock.
   std::function<void(std::uint64_t, std::uint64_t)> on_reserve;

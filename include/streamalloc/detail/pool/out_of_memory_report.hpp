@@ -80,10 +80,11 @@ class out_of_memory_report {
     const std::uint64_t space = core.address_space();
     const std::uint64_t mapped = core.statistics().reserved_current;
     const std::uint64_t taken = core.addresses_reserved();
-    // A request of a chunk or more (outside compact pools) grows by its own size, rounded to
-    // the granularity; any other by whole chunks, at least one (fewer bytes when extending a
+    // A request grows the pool by whole chunks, at least one (fewer bytes when extending a
     // free tail, but never less than a chunk), except under max_size, where a single granule
-    // may do.
+    // may do; with own_chunk_for_large, one of a chunk or more by its own size, rounded to the
+    // granularity. (One that asks for room to grow may get its own size; a chunk is still the
+    // least it could have grown by.)
     std::uint64_t least = o.max_size == 0 ? o.chunk_size : g;
     if (o.own_chunk_for_large && bytes >= o.chunk_size) least = (bytes + g - 1) / g * g;
     if (const std::uint64_t refused = core.refused_reservation(); refused != 0) {

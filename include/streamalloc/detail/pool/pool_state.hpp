@@ -144,7 +144,8 @@ class pool_state {
     o.max_size = props_.max_size;
     o.release_threshold = props.release_threshold;
     o.chunk_size = props.compact && props.chunk_size == 0 ? g : props.chunk_size;
-    o.own_chunk_for_large = !props.compact;
+    o.own_chunk_for_large = false;
+    o.own_chunk_to_grow = !props.compact;
     o.address_space = space;
     props_.address_space = space;  // properties() reports the limit in force
     o.on_reserve = [this](std::uint64_t base, std::uint64_t size) { detail::pools().add(this, base, size); };
