@@ -86,7 +86,8 @@ TEST_CASE("placement: packed large allocations are adjacent; room_to_grow ones g
   stream s(0);
   std::vector<void*> packed;
   for (int i = 0; i < 4; ++i) packed.push_back(p.allocate(64 * MiB, s));
-  for (int i = 1; i < 4; ++i) CHECK(static_cast<char*>(packed[i]) + 64 * MiB == packed[i - 1]);
+  // One run of chunks, each growth extending it.
+  for (int i = 1; i < 4; ++i) CHECK(static_cast<char*>(packed[i - 1]) + 64 * MiB == packed[i]);
   CHECK(p.grow_in_place(packed[1], 128 * MiB, s) == 0);  // its neighbour is right after it
   void* roomy = p.allocate(64 * MiB, s, placement::room_to_grow);
   CHECK(p.grow_in_place(roomy, 1024 * MiB, s) == 1024 * MiB);
@@ -108,10 +109,14 @@ TEST_CASE("addresses are reserved as needed: a run goes on past its reservation;
   SA_CUDA_REQUIRE(cudaSetDevice(0));
   pool p(pool_properties{.chunk_size = 2 * MiB});
   stream s(0);
-  // A packed large allocation sits at the top of the first reservation (8 GiB): growing it in
-  // place reserves the addresses right after it, and the run goes on into them.
+  // The first reservation is 8 GiB, filled from its start: an allocation that ends it, grown
+  // in place, reserves the addresses right after it, and the run goes on into them.
+  const std::size_t first_reservation = std::size_t{8} << 30;
+  void* filler = p.allocate(first_reservation - 256 * MiB, s);
   void* top = p.allocate(256 * MiB, s);
+  REQUIRE(static_cast<char*>(top) == static_cast<char*>(filler) + first_reservation - 256 * MiB);
   CHECK(p.grow_in_place(top, 1024 * MiB, s) == 1024 * MiB);
+  p.deallocate(filler, s);
   // More than the first reservation holds: mapped into a reservation of its own.
   const std::size_t big_bytes = std::size_t{12} << 30;
   void* big = p.allocate(big_bytes, s);
