@@ -11,7 +11,7 @@
 //
 //   bench_trace_sim [--live-gib N] [--steps N]
 //   bench_trace_sim --trace FILE|DIR [--trace FILE|DIR ...] [--snapshots DIR [--snapshot-at N]]
-//                   [--device idle|steps] [--streams kept|pytorch]
+//                   [--device idle|steps|lag N] [--streams kept|pytorch]
 //
 // --snapshots writes, for each trace, the default pool's snapshot (pool::snapshot's JSON, with
 // the history of every event up to then) taken when the trace's live bytes peak, to
@@ -51,6 +51,11 @@ std::size_t snapshot_at = 0;  // --snapshot-at: after this operation (1-based) i
 // before the next (an idle GPU, the default, as in bench_trace_replay). A real training run
 // sits between the two: its host runs ahead of the GPU by up to a step.
 bool device_idle = true;
+// --device lag N: the device runs N operations behind the host: after operation i, the work
+// the pool enqueued (its events) up to operation i - N is done, and a stream used in the last N
+// operations is busy. A host running ahead of its GPU, as a training loop does between its
+// synchronizations; the whole-run traces have no step marks for --device steps to use.
+std::size_t device_lag = 0;
 // --streams pytorch: streams as PyTorch hands them to streamalloc (see simulate).
 bool pytorch_streams = false;
 
@@ -124,6 +129,10 @@ void simulate(const std::vector<bench::recorded_op>& ops, std::size_t allocation
     if (snap) pool.history().keep(snap_at + 1024);
     const auto t = std::chrono::steady_clock::now();
     std::size_t step = 0, next_step = 0;
+    // --device lag: each stream's enqueued count after each of the last `device_lag` operations,
+    // and the operation that last used each stream.
+    std::vector<std::vector<std::uint64_t>> enqueued_at(device_lag, std::vector<std::uint64_t>(keys.size()));
+    std::vector<std::size_t> last_used(keys.size(), 0);
     try {
       for (const auto& op : ops) {
         if (!device_idle && next_step < step_starts.size() && step == step_starts[next_step]) {
@@ -135,7 +144,19 @@ void simulate(const std::vector<bench::recorded_op>& ops, std::size_t allocation
         else pool.deallocate(ptr[op.id], s);
         // An idle device: every event completes at once; with several streams the pool may
         // record events on other streams than the op's, and all of them complete.
-        if (device_idle) {
+        if (device_lag != 0) {
+          last_used[op.stream] = step;
+          auto& row = enqueued_at[step % device_lag];
+          if (step >= device_lag) {  // the row holds what was enqueued by operation step - lag
+            for (std::size_t k = 0; k < keys.size(); ++k) {
+              auto& st = dev->streams[keys[k].native];
+              st.completed = std::max(st.completed, row[k]);
+              if (last_used[k] + device_lag <= step && st.completed == st.enqueued) dev->busy.erase(keys[k].native);
+            }
+          }
+          for (std::size_t k = 0; k < keys.size(); ++k) row[k] = dev->streams[keys[k].native].enqueued;
+          dev->busy.insert(s.native);
+        } else if (device_idle) {
           if (keys.size() == 1) dev->run(s.native);
           else dev->run_all();
         }
@@ -195,7 +216,8 @@ int replay_recorded(const std::vector<std::string>& args) {
       std::printf("  (PyTorch's peaks not read: %s)\n", e.what());
     }
     const std::uint64_t gib = 1ull << 30;
-    if (!device_idle) std::printf("  the device runs only at the %zu step marks\n", t.step_starts.size());
+    if (device_lag != 0) std::printf("  the device runs %zu operations behind the host\n", device_lag);
+    else if (!device_idle) std::printf("  the device runs only at the %zu step marks\n", t.step_starts.size());
     simulate(t.ops, t.allocations(), t.streams, t.peak_live, 4 * ((t.peak_live + gib - 1) / gib * gib) + 64 * gib,
              t.name, t.step_starts);
   }
@@ -219,6 +241,11 @@ int main(int argc, char** argv) {
       ++i;
     } else if (!std::strcmp(argv[i], "--device") && i + 1 < argc && !std::strcmp(argv[i + 1], "idle")) {
       ++i;
+    } else if (!std::strcmp(argv[i], "--device") && i + 2 < argc && !std::strcmp(argv[i + 1], "lag") &&
+               std::strtoull(argv[i + 2], nullptr, 10) > 0) {
+      device_lag = std::strtoull(argv[i + 2], nullptr, 10);
+      device_idle = false;
+      i += 2;
     } else if (!std::strcmp(argv[i], "--streams") && i + 1 < argc && !std::strcmp(argv[i + 1], "pytorch")) {
       pytorch_streams = true;
       ++i;
@@ -227,7 +254,7 @@ int main(int argc, char** argv) {
     }
     else {
       std::fprintf(stderr, "usage: bench_trace_sim [--live-gib N] [--steps N] | --trace FILE|DIR [--trace ...] [--snapshots DIR [--snapshot-at N]]\n"
-                   "                       [--device idle|steps] [--streams kept|pytorch]\n");
+                   "                       [--device idle|steps|lag N] [--streams kept|pytorch]\n");
       return 2;
     }
   }
