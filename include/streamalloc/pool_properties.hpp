@@ -42,10 +42,11 @@ struct pool_properties {
   std::size_t chunk_size = 0;
   /// Stay compact under fragmentation: chunks of the allocation granularity (2 MiB; or
   /// `chunk_size` if set), every large request built from them (those asking for room to grow
-  /// too), so single chunks can be remapped to defragment. On a fragmenting workload the pool then holds about 1.08 times the live bytes
-  /// instead of about 1.25 (docs/pool.md), at a cost: growth makes one physical allocation per
-  /// 2 MiB (about 30 us each, against about 50 us per 64 MiB), and one large `cudaMemcpy` over
-  /// an allocation spread over many chunks runs slower (docs/vmm-bandwidth.md).
+  /// too), so single chunks can be remapped to defragment. On a fragmenting workload the pool
+  /// then holds about 1.08 times the live bytes instead of about 1.25 (docs/pool.md), at a
+  /// cost: growth makes one physical allocation per 2 MiB (about 30 us each, against about
+  /// 50 us per 64 MiB), and one large `cudaMemcpy` over an allocation spread over many chunks
+  /// runs slower (docs/vmm-bandwidth.md).
   bool compact = false;
   /// Handle types the pool's memory can be exported as (kept for IPC).
   shareable_handle_type handle_types = shareable_handle_type::none;
