@@ -329,6 +329,70 @@ CHILD_CASE(remap_while_running) {
   (void)p.synchronize();
 }
 
+// The same with the default properties, whose chunks are 64 MiB and whose larger requests are
+// built from several of them: a pool at its limit of six chunks holds a two-chunk block freed
+// behind a kernel, live chunks on either side of it (a free absorbs clear neighbours, which
+// would make them pending too), and two clear chunks at the ends. A three-chunk request on
+// another stream needs the pending chunks and must fail; a two-chunk one remaps the clear
+// chunks side by side, elsewhere.
+CHILD_CASE(remap_multi_chunk_while_running) {
+  const std::size_t chunk = 64 * MiB;  // the default chunk size, named so the limit is exact
+  pool_properties props;
+  props.chunk_size = chunk;
+  props.max_size = 6 * chunk;
+  props.release_threshold = SIZE_MAX;
+  props.reuse.internal_dependencies = false;  // at the limit: fail rather than wait on the pending free
+  pool p(props);
+  stream s(0), t(0);
+  device_counters c(1);
+  void* a = p.allocate(chunk, s);
+  void* before = p.allocate(chunk, s);
+  void* pending = p.allocate(2 * chunk, s);  // two chunks mapped next to each other
+  void* after = p.allocate(chunk, s);
+  void* d = p.allocate(chunk, s);
+  note("blocks at %p %p %p %p %p", a, before, pending, after, d);
+  const auto at = [&](void* x, std::size_t chunks) { return static_cast<char*>(a) + chunks * chunk == x; };
+  CHILD_EXPECT(at(before, 1) && at(pending, 2) && at(after, 4) && at(d, 5), 1,
+               "the default pool did not pack 64 MiB and 128 MiB requests into one run of six chunks");
+  p.deallocate(a, s);
+  p.deallocate(d, s);
+  s.synchronize();  // a and d are clear, whole chunks apart: moving them is allowed
+  const long_use u = start_long_use(pending, 2 * chunk, 1340, s.get(), c.slot(0));
+  p.deallocate(pending, s);  // pending: neither reusable on t nor movable
+  std::vector<owner> owners;
+  bool three_failed = false;
+  const auto attempt = [&](std::size_t n, int code, std::uint32_t seed) {
+    void* q = nullptr;
+    try {
+      q = p.allocate(n, t);
+    } catch (const out_of_memory& e) {
+      note("%zu MiB on another stream: out_of_memory (%s)", n / MiB, e.what());
+      if (n == 3 * chunk) three_failed = true;
+      return;
+    }
+    note("%zu MiB on another stream: %p", n / MiB, q);
+    expect_not_reused_while_running(q, n, u, code, strf("%zu MiB at the pool's limit", n / MiB));
+    owners.push_back(fill_new(q, n, seed, t.get()));
+  };
+  // Three chunks need the pending ones: handed out while the kernel runs is the bug (the check
+  // in `attempt`); after it finished, allowed. Remapping them would fault the kernel (code 7).
+  attempt(3 * chunk, 2, 1350);
+  attempt(2 * chunk, 3, 1360);  // the clear chunks, remapped side by side
+  const std::size_t remapped = p.statistics().remapped_chunks;
+  note("chunks remapped: %zu; the kernel %s", remapped, u.running() ? "still runs" : "has finished");
+  if (three_failed) {
+    CHILD_EXPECT(owners.size() == 1, 5, "two clear chunks did not make a two-chunk block");
+    CHILD_EXPECT(remapped >= 1, 6, "two clear chunks apart became one block without a remap");
+  }
+  expect_device_ok(7, "defragmenting a default pool while a kernel used a pending two-chunk block");
+  expect_completed(u, 8, "the kernel over the pending two-chunk block");  // 8, 9
+  expect_all_intact(owners, 10, "allocations made by defragmenting");
+  free_all(p, owners, t);
+  p.deallocate(before, s);
+  p.deallocate(after, s);
+  (void)p.synchronize();
+}
+
 // Growing an allocation in place on another stream must not take the pending block behind it.
 CHILD_CASE(grow_into_pending) {
   const std::size_t bytes = 4 * MiB;
@@ -401,6 +465,9 @@ TEST_CASE("lifetime: release_while_running: nothing pending is given back") {
 }
 TEST_CASE("lifetime: remap_while_running: defragmentation leaves a pending chunk alone") {
   expect_child_passes("remap_while_running");
+}
+TEST_CASE("lifetime: remap_multi_chunk_while_running: a default pool leaves a pending multi-chunk block alone") {
+  expect_child_passes("remap_multi_chunk_while_running");
 }
 TEST_CASE("lifetime: grow_into_pending: growth in place stops at a pending block") {
   expect_child_passes("grow_into_pending");
