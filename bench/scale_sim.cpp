@@ -7,8 +7,12 @@
 //          at N = 2 .. 10,000 streams, and the ordering calls alone
 //   live   L live blocks of 256 B .. 4 KiB on one stream: ns per allocate, then per free in
 //          random order, at L = 1,000 .. 1,000,000
+//   churn  streams made, used (allocate + free 4 KiB) and retired one after another, as a
+//          `stream`'s destructor retires its record: us per stream over blocks of 1,000, up to
+//          1,000,000 streams. bench_scale's churn without the driver's stream creation and
+//          destruction, so that a growth there can be told apart from the library's own
 //
-//   bench_scale_sim [ring [N...] | live]
+//   bench_scale_sim [ring [N...] | live | churn]
 
 #include <streamalloc/detail/core/pool_core.hpp>
 
@@ -34,11 +38,12 @@ double ns_since(clk::time_point t, std::size_t n) {
   return std::chrono::duration<double, std::nano>(clk::now() - t).count() / static_cast<double>(n);
 }
 
-std::unique_ptr<core> make_core() {
+std::unique_ptr<core> make_core(std::shared_ptr<streamalloc_test::sim_device> dev =
+                                    std::make_shared<streamalloc_test::sim_device>()) {
   core_options o;
   o.release_threshold = ~0ull;
   o.address_space = 1ull << 40;
-  return std::make_unique<core>(streamalloc_test::sim_backend{std::make_shared<streamalloc_test::sim_device>()}, o);
+  return std::make_unique<core>(streamalloc_test::sim_backend{std::move(dev)}, o);
 }
 
 struct sim_stream {
@@ -109,6 +114,50 @@ void live() {
   if (sink == 0) std::printf("(no neighbour was ever seen free: the floor's model is broken)\n");
 }
 
+double median_of(std::vector<double> v) {
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
+}
+
+void churn() {
+  constexpr int total = 1000000, block = 1000;
+  std::printf("churn: streams made, used (allocate + free 4 KiB) and retired: us per stream over blocks of %d\n", block);
+  std::printf("%12s %10s %10s %10s\n", "made so far", "us", "records", "states");
+  auto dev = std::make_shared<streamalloc_test::sim_device>();
+  auto pool = make_core(dev);
+  // The driver hands a destroyed stream's object to the next stream made; so does this, so the
+  // simulated device's table of streams stays as small as the driver's.
+  static char handles[16];
+  static std::uint64_t next_id = 1ull << 57;
+  const auto census0 = ordering().census();
+  std::vector<double> us;
+  for (int done = 0; done < total; done += block) {
+    const auto t = clk::now();
+    for (int i = 0; i < block; ++i) {
+      const std::uint64_t id = ++next_id;
+      stream_record& r = ordering().record(id);
+      r.mark_handle_stable();
+      const stream_key key{&r, &handles[id % 16]};
+      pool->deallocate(pool->allocate(4096, key), key);
+      dev->run(key.native);  // the stream's work ends before it is destroyed
+      ordering().retire(id);  // as streamalloc's stream destructor does
+    }
+    us.push_back(ns_since(t, block) / 1000.0);
+    const int m = done / block + 1;  // rows at each doubling, and the last
+    if ((m & (m - 1)) == 0 || done + block == total) {
+      std::printf("%12d %10.2f %10zu %10zu\n", done + block, us.back(), ordering().census().records,
+                  pool->stream_states().in_use);
+    }
+  }
+  const std::vector<double> first(us.begin(), us.begin() + 10), last(us.end() - 10, us.end());
+  const auto census1 = ordering().census();
+  std::printf("last block / first block: %.2fx; median of the last 10 blocks / the first 10: %.2fx; records %zu before, "
+              "%zu after; clock entries %zu, %zu\n",
+              us.back() / us.front(), median_of(last) / median_of(first), census0.records, census1.records,
+              census0.clock_entries, census1.clock_entries);
+  pool->shutdown();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -118,5 +167,6 @@ int main(int argc, char** argv) {
   if (sizes.empty()) sizes = {2, 16, 128, 1024, 10000};
   if (all || !std::strcmp(argv[1], "ring")) ring(sizes);
   if (all || !std::strcmp(argv[1], "live")) live();
+  if (all || !std::strcmp(argv[1], "churn")) churn();
   return 0;
 }
