@@ -4,7 +4,8 @@
 //              allocator's calls and the ordering calls
 //   2. churn   streams made, used (allocate + free 4 KiB) and destroyed, one after another, a
 //              million of them: us per stream over each block of 1,000, the records streamalloc
-//              holds, and the host memory the process holds
+//              holds, and the host memory the process holds; then the driver's stream creation
+//              and destruction alone, as many times, which is part of each of those streams
 //   2b. raw    as 2 with raw handles (cudaStreamCreate), which CUDA never says are destroyed:
 //              us per stream, the pool's reserved memory and the records held
 //   3. live    L live blocks (256 B .. 4 KiB, one stream): ns per allocate, then per free,
@@ -203,6 +204,18 @@ void churn() {
   }
   const auto held1 = library_held();
   const long rss1 = resident_kib();
+  // What the driver's cudaStreamCreate + cudaStreamDestroy cost alone, the same number of times:
+  // a stream's time above includes them, so a growth there may be the driver's own.
+  std::vector<double> bare;
+  for (int done = 0; done < total; done += block) {
+    auto t = clk::now();
+    for (int i = 0; i < block; ++i) {
+      cudaStream_t s;
+      BENCH_CHECK(cudaStreamCreate(&s));
+      BENCH_CHECK(cudaStreamDestroy(s));
+    }
+    bare.push_back(seconds_since(t) * 1e6 / block);
+  }
   for (int done = 0; done < driver_total; done += block) {
     auto t = clk::now();
     for (int i = 0; i < block; ++i) {
@@ -236,10 +249,22 @@ void churn() {
   }
   std::printf("   last block / first block: streamalloc %.2fx over %d streams, driver %.2fx over %d\n",
               ours.back() / ours.front(), total, async.back() / async.front(), driver_total);
+  // One block of 1,000 is a few milliseconds: a preempted block moves the ratio above by itself.
+  auto ends = [](const std::vector<double>& v, bool last) {
+    const std::size_t k = std::min<std::size_t>(10, v.size());
+    return bench::median(last ? std::vector<double>(v.end() - k, v.end()) : std::vector<double>(v.begin(), v.begin() + k));
+  };
+  std::printf("   median of the last 10 blocks / the first 10: streamalloc %.2fx (%.1f / %.1f us); the driver's stream\n"
+              "   create + destroy alone %.2fx (%.1f / %.1f us)\n",
+              ends(ours, true) / ends(ours, false), ends(ours, true), ends(ours, false), ends(bare, true) / ends(bare, false),
+              ends(bare, true), ends(bare, false));
   std::printf("   streamalloc's records: %zu before, %zu after (clock entries %zu, %zu); process memory %+ld KiB\n",
               held0.records, held1.records, held0.clock_entries, held1.clock_entries, rss1 - rss0);
   json_row("churn_summary", "\"streams_made\": " + std::to_string(total) + ", \"last_over_first\": " +
-                                std::to_string(ours.back() / ours.front()) + ", \"records_before\": " +
+                                std::to_string(ours.back() / ours.front()) + ", \"median_last10_over_first10\": " +
+                                std::to_string(ends(ours, true) / ends(ours, false)) +
+                                ", \"driver_create_destroy_median_last10_over_first10\": " +
+                                std::to_string(ends(bare, true) / ends(bare, false)) + ", \"records_before\": " +
                                 std::to_string(held0.records) + ", \"records_after\": " + std::to_string(held1.records) +
                                 ", \"clock_entries_before\": " + std::to_string(held0.clock_entries) +
                                 ", \"clock_entries_after\": " + std::to_string(held1.clock_entries) +
