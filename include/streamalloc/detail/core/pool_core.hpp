@@ -530,13 +530,15 @@ class pool_core final : public completion_listener {
   /// Puts a freed block into its stream's pending bins, merging it with free neighbours that
   /// are pending on the same stream or clear (a clear neighbour is absorbed: usable by this
   /// stream at once, by others once this free is known complete; not where nothing may prove
-  /// that, see the definition). `for_use`: the run is about to be allocated by the stream.
+  /// that, and not a pending one an event already covers: see the definition). `for_use`: the
+  /// run is about to be allocated by the stream.
   /// Returns the merged block.
   block* free_pending(block* b, state& st, bool for_use = false);
 
-  /// Merges `b` (in no bins) with its free address neighbours that sit in `bins` or `also`.
+  /// Merges `b` (in no bins) with its free address neighbours that sit in `bins` or `also`,
+  /// except those in `bins` stamped at or before `kept_apart` (0: none kept apart).
   /// The survivor takes `b`'s stream and the newest stamp. Returns it, not yet inserted.
-  block* merge_neighbours(block* b, free_bins* bins, free_bins* also = nullptr);
+  block* merge_neighbours(block* b, free_bins* bins, free_bins* also = nullptr, std::uint64_t kept_apart = 0);
 
   /// Removes `x` from the address chain (it has been absorbed by its predecessor).
   void unlink(block* x) { chain_.unlink(x); }

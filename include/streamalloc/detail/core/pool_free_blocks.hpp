@@ -55,7 +55,17 @@ block* pool_core<Backend>::free_pending(block* b, state& st, bool for_use) {
   // chunk every two streams), or, uncovered, for a device-wide synchronization.
   // (`for_use`: the merged run is about to be allocated by the stream, and waits for nothing.)
   const bool absorb = for_use || st.record->handle_stable();
-  b = merge_neighbours(b, &st.pending, absorb ? &clear_ : nullptr);
+  // Of such a stream, a pending neighbour whose free an event already covers stays a block of
+  // its own: merged, it would take this free's newer stamp, and other streams, defragmentation
+  // and release could use it only once this free is known complete too. A host running ahead
+  // of its GPU frees on and on, and its stream's pending memory would merge into blocks never
+  // known complete while the next step needs it (the mixture of experts' side stream grew the
+  // pool every step; docs/deep-learning.md). The stream itself still uses them: join_adjacent
+  // joins a run when a request needs one. A raw stream's events are learned only during its
+  // own calls, so its frees keep merging (kept apart, its blocks fragment: 1.27 instead of
+  // 1.09 on the MoE steps trace).
+  const std::uint64_t kept_apart = !for_use && st.record->handle_stable() ? st.last_event_epoch : 0;
+  b = merge_neighbours(b, &st.pending, absorb ? &clear_ : nullptr, kept_apart);
   b->stream = st.record->id();
   set_state(b, block_state::pending);  // the survivor may have been a clear neighbour
   st.pending.insert(b);
@@ -63,12 +73,13 @@ block* pool_core<Backend>::free_pending(block* b, state& st, bool for_use) {
 }
 
 template <pool_backend Backend>
-block* pool_core<Backend>::merge_neighbours(block* b, free_bins* bins, free_bins* also) {
+block* pool_core<Backend>::merge_neighbours(block* b, free_bins* bins, free_bins* also, std::uint64_t kept_apart) {
   // The state is read first: a cached or live neighbour may change concurrently (the fast
   // path), but never into pending or clear, which only happens under the pool lock.
   auto mergeable = [&](block* x) {
     if (x == nullptr) return false;
     const block_state s = state_of(x);
+    if (kept_apart != 0 && s == block_state::pending && x->bins == bins && x->stamp <= kept_apart) return false;
     return (s == block_state::pending || s == block_state::clear) && (x->bins == bins || (also != nullptr && x->bins == also));
   };
   while (mergeable(b->prev_addr)) {
