@@ -517,6 +517,36 @@ TEST_CASE("shrink_in_place: a size within 255 bytes of 2^64 leaves the block as 
   f.pool->deallocate(p, s.key());
 }
 
+TEST_CASE("a free does not merge into a pending neighbour an event covers: that one turns clear when its event runs") {
+  // A host running ahead of its GPU: the stream frees a, the pool covers that free with an
+  // event, the stream frees b next to it. Merged, a would take b's stamp and stay pending until
+  // b's free ran too; kept apart, it is clear (for every stream) once a's event has run.
+  fixture f;
+  auto s = make_stream(), t = make_stream();
+  const auto x = f.pool->allocate(1 * MiB, s.key());  // live neighbours: a and b touch only each other
+  const auto a = f.pool->allocate(1 * MiB, s.key());
+  const auto b = f.pool->allocate(1 * MiB, s.key());
+  const auto y = f.pool->allocate(1 * MiB, s.key());
+  REQUIRE(b == a + 1 * MiB);
+  f.dev->busy.insert(s.native);  // s's work has not run: asking the stream proves nothing
+  f.pool->deallocate(a, s.key());
+  // A request nothing free holds: every stream's frees are flushed and covered by an event.
+  const auto big1 = f.pool->allocate(128 * MiB, t.key());
+  const auto covering_a = f.dev->streams[s.native].enqueued;  // that event's place on s
+  REQUIRE(covering_a > 0);
+  f.pool->deallocate(b, s.key());
+  const auto big2 = f.pool->allocate(128 * MiB, s.key());  // flushes b next to a; covers b
+  REQUIRE(f.dev->streams[s.native].enqueued > covering_a);
+  f.dev->streams[s.native].completed = covering_a;  // the device has run a's free, not b's
+  const auto big3 = f.pool->allocate(128 * MiB, t.key());  // a look at the events
+  const auto st = f.pool->statistics();
+  CHECK(st.free_pending == 1 * MiB);  // b alone (merged with a: 2 MiB, none of it usable)
+  // t reuses a in place: the best fit for 1 MiB among clear blocks is a's exact hole.
+  CHECK(f.pool->allocate(1 * MiB, t.key()) == a);
+  f.dev->run_all();
+  for (const auto p : {x, y, big1, big2, big3}) f.pool->deallocate(p, s.key());
+}
+
 TEST_CASE("streams made, used and retired one after another: their states are reused, not kept") {
   fixture f;
   auto keep = make_stream();
