@@ -68,6 +68,7 @@ block* pool_core<Backend>::free_pending(block* b, state& st, bool for_use) {
   b = merge_neighbours(b, &st.pending, absorb ? &clear_ : nullptr, kept_apart);
   b->stream = st.record->id();
   set_state(b, block_state::pending);  // the survivor may have been a clear neighbour
+  st.pending_floor = st.pending.empty() ? b->stamp : std::min(st.pending_floor, b->stamp);
   st.pending.insert(b);
   return b;
 }

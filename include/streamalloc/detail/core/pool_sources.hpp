@@ -58,7 +58,7 @@ block* pool_core<Backend>::find_usable(std::uint64_t n, state& st) {
       const std::uint64_t after = st.record->ordered_after(other.record->id());
       const std::uint64_t done = other.record->completed();
       const std::uint64_t limit = std::max(after, done);
-      if (limit == 0) return;
+      if (limit == 0 || limit < other.pending_floor) return;  // every block there is newer
       if (block* b = other.pending.find(n, [limit](block* x) { return x->stamp <= limit; })) {
         if (best == nullptr || b->size < best->size) best = b;
       }

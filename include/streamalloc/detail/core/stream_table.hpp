@@ -47,6 +47,7 @@ struct alignas(128) stream_state {
     cache_bytes = 0;
     last_event_epoch = 0;
     newest_stamp = 0;
+    pending_floor = 0;
     held_frees = 0;
     uncovered_bytes.store(0, std::memory_order_relaxed);
     live_bytes.store(0, std::memory_order_relaxed);
@@ -63,6 +64,10 @@ struct alignas(128) stream_state {
   std::deque<pending_event<Event>> events;  // under the pool lock
   std::uint64_t last_event_epoch = 0;
   std::uint64_t newest_stamp = 0;  // of the frees moved into pending, under the pool lock
+  /// No block in `pending` has a stamp below this (a bound, set as blocks come in, reset when
+  /// they come into empty bins; under the pool lock): another stream ordered only up to an
+  /// earlier point has nothing to find there, and skips the search.
+  std::uint64_t pending_floor = 0;
   /// Frees made on this stream of blocks still held elsewhere, by a graph (pool_graphs.hpp) or
   /// by another process that imported them (pool_exports.hpp): not in the pending bins yet,
   /// but their stamps need covering as theirs do, and the state must stay until the holder
