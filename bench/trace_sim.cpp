@@ -25,6 +25,7 @@
 #include "trace.hpp"
 #include "trace_file.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <cstdio>
@@ -87,6 +88,53 @@ void write_snapshot(Pool& pool, const std::string& path) {
   const std::string doc = snapshot_json(0, props, pool.statistics(), pool.snapshot(), device_memory_info{});
   std::ofstream(path) << doc << '\n';
   std::printf("  snapshot at the peak written to %s (%zu bytes)\n", path.c_str(), doc.size());
+}
+
+/// The default pool's later passes, as bench_trace_replay's "again": everything still live
+/// freed on its stream, then the trace once more on the warm pool, an idle device; five times,
+/// the median printed (single passes of these short traces differ by a third from run to run).
+/// Prints the device calls a pass made per operation too: on a GPU each is a driver call of
+/// some 170 to 330 ns (bench_vmm_costs) that the CPU model's time leaves out, so the two
+/// together say where a GPU replay's time goes.
+template <class Pool>
+void warm_passes(Pool& pool, streamalloc_test::sim_device& dev, const std::vector<bench::recorded_op>& ops,
+                 const std::vector<stream_key>& keys, std::vector<std::uint64_t>& ptr) {
+  std::vector<std::uint32_t> stream_of(ptr.size(), 0);
+  std::vector<bool> live(ptr.size(), false);
+  for (const auto& op : ops) {
+    if (op.alloc) stream_of[op.id] = op.stream;
+    live[op.id] = op.alloc;
+  }
+  struct calls {
+    std::uint64_t records, queries, idle, waits, creates;
+  };
+  auto count = [&] { return calls{dev.event_records, dev.event_queries, dev.idle_queries, dev.event_waits, dev.creates}; };
+  std::vector<double> ns;
+  calls before{}, after{};
+  for (int pass = 0; pass < 5; ++pass) {
+    for (std::size_t id = 0; id < ptr.size(); ++id) {
+      if (live[id]) pool.deallocate(ptr[id], keys[stream_of[id]]);
+    }
+    dev.run_all();
+    before = count();
+    const auto t = std::chrono::steady_clock::now();
+    for (const auto& op : ops) {
+      const stream_key& s = keys[op.stream];
+      if (op.alloc) ptr[op.id] = pool.allocate(op.size, s);
+      else pool.deallocate(ptr[op.id], s);
+      if (keys.size() == 1) dev.run(s.native);
+      else dev.run_all();
+    }
+    ns.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count() * 1e9 / double(ops.size()));
+    after = count();
+  }
+  std::sort(ns.begin(), ns.end());
+  const double n = double(ops.size());
+  std::printf("  default pool, again on the warm pool: %.0f ns/op (median of 5 passes); device calls per operation: "
+              "event records %.3f, event queries %.3f, stream idle queries %.3f, event waits %.3f, creates %.3f\n",
+              ns[ns.size() / 2], double(after.records - before.records) / n, double(after.queries - before.queries) / n,
+              double(after.idle - before.idle) / n, double(after.waits - before.waits) / n,
+              double(after.creates - before.creates) / n);
 }
 
 /// Replays `ops` (ids dense from 0) through a fresh pool core per chunk size and prints a row
@@ -175,6 +223,7 @@ void simulate(const std::vector<bench::recorded_op>& ops, std::size_t allocation
                 double(st.reserved_high) / (1 << 30), double(st.reserved_high) / double(peak),
                 static_cast<unsigned long long>(st.remapped_chunks), static_cast<unsigned long long>(st.chunks), secs,
                 secs * 1e9 / double(ops.size()));
+    if (&c == &configs[0] && device_idle) warm_passes(pool, *dev, ops, keys, ptr);
     pool.shutdown();
   }
 }
