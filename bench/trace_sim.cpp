@@ -11,7 +11,7 @@
 //
 //   bench_trace_sim [--live-gib N] [--steps N]
 //   bench_trace_sim --trace FILE|DIR [--trace FILE|DIR ...] [--snapshots DIR [--snapshot-at N]]
-//                   [--device idle|steps|lag N] [--streams kept|pytorch]
+//                   [--device idle|steps|lag N] [--streams kept|pytorch] [--wait-before-growing]
 //
 // --snapshots writes, for each trace, the default pool's snapshot (pool::snapshot's JSON, with
 // the history of every event up to then) taken when the trace's live bytes peak, to
@@ -59,6 +59,8 @@ bool device_idle = true;
 std::size_t device_lag = 0;
 // --streams pytorch: streams as PyTorch hands them to streamalloc (see simulate).
 bool pytorch_streams = false;
+// --wait-before-growing: the pools with reuse_policy::wait_before_growing.
+bool wait_before_growing = false;
 
 /// The index of the operation after which the live bytes peak.
 std::size_t peak_op(const std::vector<bench::recorded_op>& ops) {
@@ -157,6 +159,7 @@ void simulate(const std::vector<bench::recorded_op>& ops, std::size_t allocation
     o.own_chunk_for_large = c.own;
     o.release_threshold = ~0ull;
     o.address_space = address_space;
+    o.reuse.wait_before_growing = wait_before_growing;
     pool_core<streamalloc_test::sim_backend> pool(streamalloc_test::sim_backend{dev}, o);
     // Stream 0 is the record bench_trace_sim always used; further streams get records of their
     // own.
@@ -295,6 +298,8 @@ int main(int argc, char** argv) {
       device_lag = std::strtoull(argv[i + 2], nullptr, 10);
       device_idle = false;
       i += 2;
+    } else if (!std::strcmp(argv[i], "--wait-before-growing")) {
+      wait_before_growing = true;
     } else if (!std::strcmp(argv[i], "--streams") && i + 1 < argc && !std::strcmp(argv[i + 1], "pytorch")) {
       pytorch_streams = true;
       ++i;
@@ -303,7 +308,7 @@ int main(int argc, char** argv) {
     }
     else {
       std::fprintf(stderr, "usage: bench_trace_sim [--live-gib N] [--steps N] | --trace FILE|DIR [--trace ...] [--snapshots DIR [--snapshot-at N]]\n"
-                   "                       [--device idle|steps|lag N] [--streams kept|pytorch]\n");
+                   "                       [--device idle|steps|lag N] [--streams kept|pytorch] [--wait-before-growing]\n");
       return 2;
     }
   }

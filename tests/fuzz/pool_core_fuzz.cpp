@@ -391,7 +391,7 @@ class harness {
     dev_->granularity = (b0 & 16) ? 64 * KiB : 2 * MiB;
     const std::uint64_t g = dev_->granularity;
     core_options o;
-    o.reuse = {bool(b0 & 1), bool(b0 & 2), bool(b0 & 4)};
+    o.reuse = {bool(b0 & 1), bool(b0 & 2), bool(b0 & 4), bool(b0 & 32)};
     o.own_chunk_for_large = !(b0 & 8);
     const std::uint64_t chunks[] = {0, g, 2 * g, 8 * MiB, 16 * MiB, 3 * g};
     o.chunk_size = chunks[b1 % 6];
@@ -408,10 +408,10 @@ class harness {
     // number, so each input runs in milliseconds.
     if (!o.own_chunk_for_large) dev_->capacity = std::min(dev_->capacity, chunk * 2048);
     TRACE("pool: granularity %llu, chunk %llu, max %llu, threshold %llu, addresses %llu, device %llu, reuse "
-          "%d%d%d, own chunk for large %d",
+          "%d%d%d%d, own chunk for large %d",
           ull(g), ull(chunk), ull(o.max_size), ull(o.release_threshold), ull(o.address_space), ull(dev_->capacity),
           o.reuse.follow_event_dependencies, o.reuse.opportunistic, o.reuse.internal_dependencies,
-          o.own_chunk_for_large);
+          o.reuse.wait_before_growing, o.own_chunk_for_large);
     pool_ = std::make_unique<core>(fuzz_backend{sim_backend{dev_}, this}, o);
 
     // The host pseudo-stream, as pool.hpp's host_key() makes it.
@@ -734,8 +734,9 @@ class harness {
           TRACE("set_release_threshold(%llu)", ull(v));
           pool_->set_release_threshold(v);
         } else {
-          const reuse_policy r{bool(b & 8), bool(b & 16), bool(b & 32)};
-          TRACE("set_reuse(%d%d%d)", r.follow_event_dependencies, r.opportunistic, r.internal_dependencies);
+          const reuse_policy r{bool(b & 8), bool(b & 16), bool(b & 32), bool(b & 64)};
+          TRACE("set_reuse(%d%d%d%d)", r.follow_event_dependencies, r.opportunistic, r.internal_dependencies,
+                r.wait_before_growing);
           pool_->set_reuse(r);
         }
         break;

@@ -36,6 +36,7 @@ struct sim_device {
   // The calls the pool makes on its hot paths, each a driver call on a GPU (some 170 to 330 ns
   // on the H100 and H200): what a replay's host time there adds to the CPU model's.
   std::uint64_t event_records = 0, event_queries = 0, idle_queries = 0, event_waits = 0;
+  std::uint64_t host_waits = 0;  // synchronize: the host waiting for an event
 
   /// Is [va, va + bytes) inside one reservation?
   bool in_one_reservation(std::uint64_t va, std::uint64_t bytes) const {
@@ -192,6 +193,7 @@ struct sim_backend {
   void synchronize(event& e) noexcept {
     const auto found = dev->events.find(e);
     if (found == dev->events.end()) misuse("synchronize: unknown event");
+    ++dev->host_waits;
     auto& ev = found->second;
     auto& s = dev->streams[ev.stream];
     s.completed = std::max(s.completed, ev.seq);

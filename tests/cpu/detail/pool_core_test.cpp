@@ -412,6 +412,53 @@ TEST_CASE("defragmentation and growth: free chunks remapped next to a new handle
   }
 }
 
+TEST_CASE("wait_before_growing: a large request waits for its own stream's frees, then remaps instead of growing") {
+  for (const bool wait : {false, true}) {
+    CAPTURE(wait);
+    core_options o;
+    o.chunk_size = 2 * MiB;
+    o.release_threshold = ~0ull;
+    o.reuse.wait_before_growing = wait;
+    fixture f(o);
+    auto s = make_stream();
+    std::vector<std::uint64_t> p;
+    for (int i = 0; i < 4; ++i) p.push_back(f.pool->allocate(2 * MiB, s.key()));
+    f.dev->busy.insert(s.native);  // a host running ahead: s's work, its frees included, has not run
+    f.pool->deallocate(p[0], s.key());
+    f.pool->deallocate(p[2], s.key());
+    // Asked on a stream with nothing pending: no wait, whatever the size.
+    auto other = make_stream();
+    const auto elsewhere = f.pool->allocate(6 * MiB, other.key());
+    CHECK(f.dev->host_waits == 0);
+    const auto before = f.pool->statistics().reserved_current;
+    // 6 MiB on s: its own 4 MiB of frees lie in two holes between live blocks, not yet run.
+    const auto q = f.pool->allocate(6 * MiB, s.key());
+    CHECK(f.dev->is_mapped(q, 6 * MiB));
+    const auto st = f.pool->statistics();
+    if (wait) {
+      // The host waited once; the two freed chunks then moved next to 2 MiB of new memory.
+      CHECK(f.dev->host_waits == 1);
+      CHECK(st.reserved_current == before + 2 * MiB);
+      CHECK(st.remapped_chunks == 2);
+    } else {
+      CHECK(f.dev->host_waits == 0);
+      CHECK(st.reserved_current == before + 6 * MiB);
+      CHECK(st.remapped_chunks == 0);
+      CHECK(f.dev->is_mapped(p[0], 2 * MiB));  // unproven frees: nothing moved
+      CHECK(f.dev->is_mapped(p[2], 2 * MiB));
+    }
+    CHECK(f.dev->is_mapped(p[1], 2 * MiB));
+    CHECK(f.dev->is_mapped(p[3], 2 * MiB));
+    // Smaller than a chunk: no wait (without one, it comes from s's own pending frees).
+    const auto waits = f.dev->host_waits;
+    const auto small = f.pool->allocate(1 * MiB, s.key());
+    CHECK(f.dev->host_waits == waits);
+    for (const auto x : {q, small, p[1], p[3]}) f.pool->deallocate(x, s.key());
+    f.pool->deallocate(elsewhere, other.key());
+    f.dev->run_all();
+  }
+}
+
 TEST_CASE("the limit and the device's memory end in core_out_of_memory, with the state named") {
   core_options o;
   o.max_size = 64 * MiB;

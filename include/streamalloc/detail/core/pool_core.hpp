@@ -482,11 +482,22 @@ class pool_core final : public completion_listener {
 
   std::uint64_t allocate_slow(std::uint64_t n, state& st, stream_key s, placement where) {
     const capture_guard relaxed(backend_);
-    std::lock_guard lock(mutex_);
+    std::unique_lock lock(mutex_);
     if (streams_.has_retiring()) recycle_retired();
     flush_cache(st);
     if (!st.record->handle_stable()) completion_.cover(st, s);  // at most one event per slow call
-    block* b = find_memory(n, st, s, where, options_.reuse.internal_dependencies);
+    own_frees_wait wait;
+    block* b = find_memory(n, st, s, where, options_.reuse.internal_dependencies, &wait);
+    if (b == nullptr) {
+      // find_memory stopped before growing, to wait for this stream's own frees
+      // (reuse_policy::wait_before_growing). Without the lock: other threads go on meanwhile.
+      lock.unlock();
+      backend_.synchronize(wait.ev);
+      lock.lock();
+      backend_.destroy(wait.ev);
+      st.record->mark_completed(wait.point);
+      b = find_memory(n, st, s, where, options_.reuse.internal_dependencies, nullptr);
+    }
     live_.prefetch(b->addr);
     take(b, n);
     set_state(b, block_state::live);
@@ -498,10 +509,26 @@ class pool_core final : public completion_listener {
 
   // --- where a request is served from (defined in pool_sources.hpp) --------------------------
 
+  /// An event recorded on the allocating stream after its frees stamped up to `point`, for
+  /// the host to wait on before growing (reuse_policy::wait_before_growing).
+  struct own_frees_wait {
+    event ev{};
+    std::uint64_t point = 0;
+  };
   /// A free block of at least `n` bytes that `st` may use, still in its bins, from the first
   /// source that has one. Throws core_out_of_memory when none has.
   /// `may_wait`: waiting on another stream's frees (internal dependencies) is a source.
-  block* find_memory(std::uint64_t n, state& st, stream_key s, placement where, bool may_wait);
+  /// `wait`: where the pool would rather wait for `st`'s own frees than grow
+  /// (wait_before_growing_pays), an event for that wait is put here and null returned, before
+  /// anything grows; null: no such stop.
+  block* find_memory(std::uint64_t n, state& st, stream_key s, placement where, bool may_wait, own_frees_wait* wait);
+  /// Whether a request of `n` bytes on `s` that nothing free serves should wait for the
+  /// stream's own frees before growing: asked for, a request of a chunk or more, a stream in
+  /// hand, and at least half the request pending on it, not yet known complete.
+  bool wait_before_growing_pays(std::uint64_t n, const state& st, const stream_key& s) const noexcept {
+    return options_.reuse.wait_before_growing && n >= options_.chunk_size && s.native != nullptr &&
+           st.pending.bytes() >= n / 2 && st.newest_stamp > st.record->completed();
+  }
   /// Best fit among the blocks `st` may use: clear ones, its own, and others' it is ordered after.
   block* find_usable(std::uint64_t n, state& st);
   /// The smallest run of adjacent free blocks in different bins that `st` may use and that

@@ -17,7 +17,8 @@ namespace streamalloc::detail {
 /// source that has one. Throws core_out_of_memory when none has.
 /// `may_wait`: waiting on another stream's frees (internal dependencies) is a source.
 template <pool_backend Backend>
-block* pool_core<Backend>::find_memory(std::uint64_t n, state& st, stream_key s, placement where, bool may_wait) {
+block* pool_core<Backend>::find_memory(std::uint64_t n, state& st, stream_key s, placement where, bool may_wait,
+                                       own_frees_wait* wait) {
   block* b = find_usable(n, st);
   if (b == nullptr) {
     // Others' cached frees, and whatever completed since we last looked.
@@ -27,6 +28,13 @@ block* pool_core<Backend>::find_memory(std::uint64_t n, state& st, stream_key s,
     b = find_usable(n, st);
   }
   if (b == nullptr) b = join_adjacent(n, st);
+  if (b == nullptr && wait != nullptr && wait_before_growing_pays(n, st, s)) {
+    // Frees stamped up to `point` come before the event; once it has run they are complete,
+    // and the second look (the caller's) finds them clear, to be remapped.
+    wait->point = st.record->begin_synchronize();
+    wait->ev = backend_.record(s);
+    return nullptr;
+  }
   if (b == nullptr) b = defragment(n, st);
   if (b == nullptr) b = defragment_and_grow(n, st);
   if (b == nullptr) b = grow(n, st, where);
