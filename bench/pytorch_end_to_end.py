@@ -52,18 +52,23 @@ ALLOCATORS = {  # name: PYTORCH_CUDA_ALLOC_CONF, or None for streamalloc
     "pytorch": "",
     "pytorch_expandable": "expandable_segments:True",
     "streamalloc": None,
+    # The default pool with reuse_policy::wait_before_growing; run only when named.
+    "streamalloc_wait": None,
 }
+DEFAULT_ALLOCATORS = ["pytorch", "pytorch_expandable", "streamalloc"]
 MIB = float(1 << 20)
 
 
 def child(name, allocator, steps, result_path, snapshot_dir=None):
     """One process: build, warm up, run `steps` steps, write what it measured."""
-    if allocator == "streamalloc":
+    if allocator.startswith("streamalloc"):
         import streamalloc
         streamalloc.use_in_pytorch()  # before CUDA initialises
     torch = record._import_torch()
     _, total = torch.cuda.mem_get_info()
-    if snapshot_dir and allocator == "streamalloc":
+    if allocator == "streamalloc_wait":
+        streamalloc.set_reuse_policy(wait_before_growing=True)
+    if snapshot_dir and allocator.startswith("streamalloc"):
         streamalloc.keep_history(1 << 18)
     peak = 0
 
@@ -108,7 +113,7 @@ def child(name, allocator, steps, result_path, snapshot_dir=None):
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t)
         poll()
-    if allocator == "streamalloc":
+    if allocator.startswith("streamalloc"):
         import streamalloc
         reserved_high = streamalloc.statistics()["reserved_high"]
         if snapshot_dir:
@@ -158,6 +163,8 @@ def report(name, rows):
     print("\n%s" % name)
     print("  %-20s %28s %28s %26s" % ("", "process peak MiB", "allocator reserved MiB", "step ms"))
     for a in ALLOCATORS:
+        if not rows.get(a):
+            continue  # not run
         got = [r for r in rows.get(a, []) if r and "failed" not in r]
         if not got:
             print("  %-20s (no run finished)" % a)
@@ -166,19 +173,22 @@ def report(name, rows):
             a, spread([r["process_peak_bytes"] / MIB for r in got], "%.0f"),
             spread([r["reserved_high_bytes"] / MIB for r in got], "%.0f"),
             spread([r["step_s_median"] * 1e3 for r in got], "%.1f")))
-    ours, theirs = rows.get("streamalloc", []), rows.get("pytorch", [])
-    pairs = [(o, t) for o, t in zip(ours, theirs) if o and t and "failed" not in o and "failed" not in t]
-    if pairs:
-        peak = [o["process_peak_bytes"] / t["process_peak_bytes"] for o, t in pairs]
-        step = [o["step_s_median"] / t["step_s_median"] for o, t in pairs]
-        print("  streamalloc / PyTorch's default, round by round: process peak %s, step time %s"
-              % (spread(peak, "%.3f"), spread(step, "%.3f")))
+    theirs = rows.get("pytorch", [])
+    for variant in ("streamalloc", "streamalloc_wait"):
+        ours = rows.get(variant, [])
+        pairs = [(o, t) for o, t in zip(ours, theirs) if o and t and "failed" not in o and "failed" not in t]
+        if pairs:
+            peak = [o["process_peak_bytes"] / t["process_peak_bytes"] for o, t in pairs]
+            step = [o["step_s_median"] / t["step_s_median"] for o, t in pairs]
+            print("  %s / PyTorch's default, round by round: process peak %s, step time %s"
+                  % (variant, spread(peak, "%.3f"), spread(step, "%.3f")))
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", help="comma-separated workloads: " + ", ".join(record.BY_NAME))
-    ap.add_argument("--allocators", help="comma-separated, of: " + ", ".join(ALLOCATORS) + " (default: all)")
+    ap.add_argument("--allocators", help="comma-separated, of: " + ", ".join(ALLOCATORS) +
+                    " (default: " + ",".join(DEFAULT_ALLOCATORS) + ")")
     ap.add_argument("--runs", type=int, default=3, help="rounds: each allocator once per workload")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--json", help="write every process's results here")
@@ -218,7 +228,7 @@ def main():
         return 2
     results = {n: {a: [] for a in ALLOCATORS} for n in names}
     failures = 0
-    order = [a.strip() for a in opts.allocators.split(",")] if opts.allocators else list(ALLOCATORS)
+    order = [a.strip() for a in opts.allocators.split(",")] if opts.allocators else list(DEFAULT_ALLOCATORS)
     if any(a not in ALLOCATORS for a in order):
         print("unknown allocator in %s (known: %s)" % (opts.allocators, ", ".join(ALLOCATORS)))
         return 2

@@ -116,6 +116,16 @@ STREAMALLOC_C_EXPORT int streamalloc_trim(int device, size_t keep);
 STREAMALLOC_C_EXPORT int streamalloc_set_release_threshold(int device, size_t bytes);
 
 /**
+ * Sets which free memory device `device`'s current pool lets a stream reuse, from now on
+ * (streamalloc::reuse_policy; each argument 0 or 1): memory freed on another stream it waited
+ * on through streamalloc, memory whose free the device has run, waiting on another stream's
+ * free instead of failing at the pool's limit, and the host waiting for the stream's own frees
+ * before growing for a request of a chunk or more. Returns 0, or -1.
+ */
+STREAMALLOC_C_EXPORT int streamalloc_set_reuse_policy(int device, int follow_event_dependencies, int opportunistic,
+                                                      int internal_dependencies, int wait_before_growing);
+
+/**
  * Writes a JSON object describing device `device`'s current pool (its properties, statistics,
  * reservations, chunks, blocks, streams and, when kept, history: pool::snapshot) into
  * `buffer`, NUL-terminated, if it fits in `capacity` bytes. Returns the length the document

@@ -144,6 +144,16 @@ STREAMALLOC_C_EXPORT int streamalloc_set_release_threshold(int device, size_t by
   });
 }
 
+STREAMALLOC_C_EXPORT int streamalloc_set_reuse_policy(int device, int follow_event_dependencies, int opportunistic,
+                                                      int internal_dependencies, int wait_before_growing) {
+  using namespace streamalloc::detail;
+  return c_guarded("streamalloc_set_reuse_policy", -1, [&] {
+    c_pool(device).set_reuse_policy({follow_event_dependencies != 0, opportunistic != 0, internal_dependencies != 0,
+                                     wait_before_growing != 0});
+    return 0;
+  });
+}
+
 STREAMALLOC_C_EXPORT long long streamalloc_snapshot(int device, char* buffer, size_t capacity) {
   using namespace streamalloc::detail;
   return c_guarded("streamalloc_snapshot", -1LL, [&] {

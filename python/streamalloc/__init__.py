@@ -24,7 +24,7 @@ import pathlib
 
 __all__ = [
     "load", "library_path", "use_in_pytorch", "use_in_cupy", "statistics", "reset_peaks", "synchronize", "trim",
-    "set_release_threshold", "snapshot", "keep_history", "last_error", "StreamallocError",
+    "set_release_threshold", "set_reuse_policy", "snapshot", "keep_history", "last_error", "StreamallocError",
 ]
 
 
@@ -97,6 +97,7 @@ def _declare(lib):
         "streamalloc_synchronize": (c_int, [c_int]),
         "streamalloc_trim": (c_int, [c_int, size_t]),
         "streamalloc_set_release_threshold": (c_int, [c_int, size_t]),
+        "streamalloc_set_reuse_policy": (c_int, [c_int, c_int, c_int, c_int, c_int]),
         "streamalloc_snapshot": (ctypes.c_longlong, [c_int, ctypes.c_char_p, size_t]),
         "streamalloc_keep_history": (c_int, [c_int, size_t]),
         "streamalloc_last_error": (ctypes.c_char_p, []),
@@ -161,6 +162,17 @@ def set_release_threshold(bytes_kept: int, device: int | None = None) -> None:
     """How much free memory the pool keeps at synchronizations (-1: everything)."""
     value = ctypes.c_size_t(bytes_kept).value  # -1 becomes SIZE_MAX
     _check(load().streamalloc_set_release_threshold(_device(device), value))
+
+
+def set_reuse_policy(follow_event_dependencies: bool = True, opportunistic: bool = True,
+                     internal_dependencies: bool = True, wait_before_growing: bool = False,
+                     device: int | None = None) -> None:
+    """Which free memory a stream may reuse, from now on (the C++ ``reuse_policy``; the
+    defaults are the pool's). ``wait_before_growing``: before growing for a request of a chunk
+    or more, the calling thread waits for the stream's own earlier frees to run, so that their
+    memory can be remapped instead of new memory mapped."""
+    _check(load().streamalloc_set_reuse_policy(_device(device), int(follow_event_dependencies), int(opportunistic),
+                                               int(internal_dependencies), int(wait_before_growing)))
 
 
 def snapshot(device: int | None = None) -> dict:

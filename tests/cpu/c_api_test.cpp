@@ -208,6 +208,25 @@ TEST_SUITE("c_api") {
     CHECK(streamalloc_keep_history(7, 16) == -1);
     CHECK(contains(last_error(), "streamalloc_keep_history: "));
 
+    // The policy in force shows in the snapshot's properties.
+    auto reuse_in_snapshot = [] {
+      std::vector<char> doc(static_cast<std::size_t>(streamalloc_snapshot(0, nullptr, 0)) + 1);
+      REQUIRE(streamalloc_snapshot(0, doc.data(), doc.size()) > 0);
+      const std::string text(doc.data());
+      const auto at = text.find("\"reuse\": {");
+      REQUIRE(at != std::string::npos);
+      return text.substr(at, text.find('}', at) - at);
+    };
+    CHECK(contains(reuse_in_snapshot(), "\"opportunistic\": true"));
+    CHECK(contains(reuse_in_snapshot(), "\"wait_before_growing\": false"));
+    CHECK(streamalloc_set_reuse_policy(0, 1, 0, 1, 1) == 0);
+    CHECK(contains(reuse_in_snapshot(), "\"follow_event_dependencies\": true, \"opportunistic\": false, "
+                                        "\"internal_dependencies\": true, \"wait_before_growing\": true"));
+    CHECK(streamalloc_set_reuse_policy(0, 1, 1, 1, 0) == 0);  // the defaults again
+    CHECK(contains(reuse_in_snapshot(), "\"opportunistic\": true"));
+    CHECK(streamalloc_set_reuse_policy(7, 1, 1, 1, 0) == -1);
+    CHECK(contains(last_error(), "streamalloc_set_reuse_policy: "));
+
     CHECK(streamalloc_set_release_threshold(0, SIZE_MAX) == 0);
     CHECK(stats_of(0).reserved_current > 0);
     // Frees on streams the library saw no synchronization of stay pending (earlier cases'

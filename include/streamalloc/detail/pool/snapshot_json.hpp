@@ -96,6 +96,12 @@ inline std::string snapshot_json(int device, const pool_properties& props, const
   w.field("chunk_size", c.chunk_size);
   w.field("compact", props.compact);
   w.field("granularity", c.granularity);
+  w.open("reuse", '{');
+  w.field("follow_event_dependencies", props.reuse.follow_event_dependencies);
+  w.field("opportunistic", props.reuse.opportunistic);
+  w.field("internal_dependencies", props.reuse.internal_dependencies);
+  w.field("wait_before_growing", props.reuse.wait_before_growing);
+  w.close('}');
   w.close('}');
   w.open("statistics", '{');
   w.field("reserved_current", s.reserved_current);
