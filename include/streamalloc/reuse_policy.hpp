@@ -28,8 +28,11 @@ struct reuse_policy {
   /// being mapped. A host running ahead of its GPU frees memory the GPU has not reached, and
   /// a large request then finds it fragmented and unproven: a training loop's large
   /// activations made the pool grow step after step (docs/deep-learning.md). Blocks the
-  /// calling thread, not the GPU or other threads, until the stream catches up to the call;
-  /// off by default until its cost is measured on a GPU.
+  /// calling thread, not the GPU or other threads, until the stream catches up to the call
+  /// (spinning, as cudaEventSynchronize does): never turn it on for a stream whose queued work
+  /// waits on something the allocating thread does later (a flag it sets, a collective whose
+  /// peers wait for it), or the wait never ends. Off by default until its cost is measured on a
+  /// GPU.
   bool wait_before_growing = false;
 };
 

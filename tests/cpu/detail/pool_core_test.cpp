@@ -459,6 +459,33 @@ TEST_CASE("wait_before_growing: a large request waits for its own stream's frees
   }
 }
 
+TEST_CASE("wait_before_growing: no wait when clear memory serves the request, remapped or not") {
+  core_options o;
+  o.chunk_size = 2 * MiB;
+  o.release_threshold = ~0ull;
+  o.reuse.wait_before_growing = true;
+  fixture f(o);
+  auto s = make_stream(), t = make_stream();
+  std::vector<std::uint64_t> p;
+  for (int i = 0; i < 8; ++i) p.push_back(f.pool->allocate(1 * MiB, s.key()));
+  // Clear memory enough for the request: two chunks t freed, known complete.
+  const auto t0 = f.pool->allocate(2 * MiB, t.key());
+  const auto t1 = f.pool->allocate(2 * MiB, t.key());
+  f.pool->deallocate(t0, t.key());
+  f.pool->deallocate(t1, t.key());
+  host_sync(*f.dev, t);
+  // s frees 1 MiB blocks between live ones: 4 MiB pending on it, enough to ask for a wait.
+  f.dev->busy.insert(s.native);
+  for (int i = 0; i < 8; i += 2) f.pool->deallocate(p[static_cast<std::size_t>(i)], s.key());
+  const auto held = f.pool->statistics().reserved_current;
+  const auto q = f.pool->allocate(4 * MiB, s.key());  // t's clear chunks serve it
+  CHECK(f.dev->host_waits == 0);
+  CHECK(f.pool->statistics().reserved_current == held);
+  for (int i = 1; i < 8; i += 2) f.pool->deallocate(p[static_cast<std::size_t>(i)], s.key());
+  f.pool->deallocate(q, s.key());
+  f.dev->run_all();
+}
+
 TEST_CASE("the limit and the device's memory end in core_out_of_memory, with the state named") {
   core_options o;
   o.max_size = 64 * MiB;

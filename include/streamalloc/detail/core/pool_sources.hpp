@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <exception>
 
 namespace streamalloc::detail {
 
@@ -28,14 +29,18 @@ block* pool_core<Backend>::find_memory(std::uint64_t n, state& st, stream_key s,
     b = find_usable(n, st);
   }
   if (b == nullptr) b = join_adjacent(n, st);
+  if (b == nullptr) b = defragment(n, st);
   if (b == nullptr && wait != nullptr && wait_before_growing_pays(n, st, s)) {
     // Frees stamped up to `point` come before the event; once it has run they are complete,
-    // and the second look (the caller's) finds them clear, to be remapped.
+    // and the second look (the caller's) finds them clear, to be remapped. An event that cannot
+    // be recorded leaves the request to grow, as without the policy.
     wait->point = st.record->begin_synchronize();
-    wait->ev = backend_.record(s);
-    return nullptr;
+    try {
+      wait->ev = backend_.record(s);
+      return nullptr;
+    } catch (const std::exception&) {
+    }
   }
-  if (b == nullptr) b = defragment(n, st);
   if (b == nullptr) b = defragment_and_grow(n, st);
   if (b == nullptr) b = grow(n, st, where);
   if (b == nullptr && may_wait) b = wait_for_pending(n, st, s);
