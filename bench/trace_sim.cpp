@@ -145,8 +145,8 @@ void warm_passes(Pool& pool, streamalloc_test::sim_device& dev, const std::vecto
 void simulate(const std::vector<bench::recorded_op>& ops, std::size_t allocations, std::uint32_t streams,
               std::size_t peak, std::uint64_t address_space, const std::string& name = {},
               const std::vector<std::size_t>& step_starts = {}) {
-  std::printf("%17s %14s %12s %10s %10s %8s %10s\n", "chunk", "reserved high", "/ peak live", "remapped", "chunks",
-              "seconds", "ns/op");
+  std::printf("%17s %14s %12s %10s %10s %8s %10s %10s\n", "chunk", "reserved high", "/ peak live", "remapped", "chunks",
+              "seconds", "ns/op", "host waits");
   static char handles[bench::trace_detail::max_streams];
   for (const config& c : configs) {
     const std::size_t chunk = c.chunk;
@@ -222,10 +222,10 @@ void simulate(const std::vector<bench::recorded_op>& ops, std::size_t allocation
     }
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
     const auto st = pool.statistics();
-    std::printf("%9zu MiB%s %11.3f GiB %12.3f %10llu %10llu %8.2f %10.0f\n", chunk >> 20, c.own ? ", own" : "     ",
-                double(st.reserved_high) / (1 << 30), double(st.reserved_high) / double(peak),
+    std::printf("%9zu MiB%s %11.3f GiB %12.3f %10llu %10llu %8.2f %10.0f %10llu\n", chunk >> 20,
+                c.own ? ", own" : "     ", double(st.reserved_high) / (1 << 30), double(st.reserved_high) / double(peak),
                 static_cast<unsigned long long>(st.remapped_chunks), static_cast<unsigned long long>(st.chunks), secs,
-                secs * 1e9 / double(ops.size()));
+                secs * 1e9 / double(ops.size()), static_cast<unsigned long long>(dev->host_waits));
     if (&c == &configs[0] && device_idle) warm_passes(pool, *dev, ops, keys, ptr);
     pool.shutdown();
   }
