@@ -82,6 +82,7 @@ typedef struct streamalloc_statistics {
   uint64_t graph_reserved_high;    /**< its high-water mark since creation or reset */
   uint64_t graph_allocations;      /**< blocks held by graphs alive */
   uint64_t graphs;                 /**< graphs alive that hold memory of the pool */
+  uint64_t waits_before_growing;   /**< host waits for a stream's frees instead of growth */
 } streamalloc_statistics;
 
 /**

@@ -106,7 +106,8 @@ STREAMALLOC_C_EXPORT int streamalloc_get_statistics(int device, streamalloc_stat
                                      s.used_high,              s.live_allocations,    s.free_clear,
                                      s.free_pending,           s.largest_free_block,  s.chunks,
                                      s.remapped_chunks,        s.grows,               s.graph_reserved_current,
-                                     s.graph_reserved_high,    s.graph_allocations,   s.graphs};
+                                     s.graph_reserved_high,    s.graph_allocations,   s.graphs,
+                                     s.waits_before_growing};
     std::memcpy(out, &all, std::min(out_size, sizeof all));
     return 0;
   });

@@ -37,7 +37,8 @@ class _Statistics(ctypes.Structure):
     _fields_ = [(name, ctypes.c_uint64) for name in (
         "reserved_current", "reserved_high", "used_current", "used_high", "live_allocations",
         "free_clear", "free_pending", "largest_free_block", "chunks", "remapped_chunks", "grows",
-        "graph_reserved_current", "graph_reserved_high", "graph_allocations", "graphs")]
+        "graph_reserved_current", "graph_reserved_high", "graph_allocations", "graphs",
+        "waits_before_growing")]
 
 
 _lib = None

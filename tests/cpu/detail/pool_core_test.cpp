@@ -438,10 +438,12 @@ TEST_CASE("wait_before_growing: a large request waits for its own stream's frees
     if (wait) {
       // The host waited once; the two freed chunks then moved next to 2 MiB of new memory.
       CHECK(f.dev->host_waits == 1);
+      CHECK(st.waits_before_growing == 1);
       CHECK(st.reserved_current == before + 2 * MiB);
       CHECK(st.remapped_chunks == 2);
     } else {
       CHECK(f.dev->host_waits == 0);
+      CHECK(st.waits_before_growing == 0);
       CHECK(st.reserved_current == before + 6 * MiB);
       CHECK(st.remapped_chunks == 0);
       CHECK(f.dev->is_mapped(p[0], 2 * MiB));  // unproven frees: nothing moved
@@ -481,6 +483,31 @@ TEST_CASE("wait_before_growing: no wait when clear memory serves the request, re
   const auto q = f.pool->allocate(4 * MiB, s.key());  // t's clear chunks serve it
   CHECK(f.dev->host_waits == 0);
   CHECK(f.pool->statistics().reserved_current == held);
+  for (int i = 1; i < 8; i += 2) f.pool->deallocate(p[static_cast<std::size_t>(i)], s.key());
+  f.pool->deallocate(q, s.key());
+  f.dev->run_all();
+}
+
+TEST_CASE("wait_before_growing: no wait when the stream's frees would make no chunk movable") {
+  // The stream may already use its own pending frees (joined with clear neighbours, or as a
+  // run's tail to extend); a wait adds only the right to remap chunks they free whole. Here
+  // every chunk keeps a live block: waiting would free nothing to remap, so the pool grows.
+  core_options o;
+  o.chunk_size = 2 * MiB;
+  o.release_threshold = ~0ull;
+  o.reuse.wait_before_growing = true;
+  fixture f(o);
+  auto s = make_stream();
+  std::vector<std::uint64_t> p;
+  for (int i = 0; i < 8; ++i) p.push_back(f.pool->allocate(1 * MiB, s.key()));  // two per chunk
+  f.dev->busy.insert(s.native);
+  for (int i = 0; i < 8; i += 2) f.pool->deallocate(p[static_cast<std::size_t>(i)], s.key());
+  const auto held = f.pool->statistics().reserved_current;
+  const auto q = f.pool->allocate(4 * MiB, s.key());  // 4 MiB pending on s, in 1 MiB holes
+  CHECK(f.dev->host_waits == 0);
+  CHECK(f.pool->statistics().waits_before_growing == 0);
+  CHECK(f.pool->statistics().reserved_current == held + 4 * MiB);
+  for (int i = 0; i < 8; i += 2) CHECK(f.dev->is_mapped(p[static_cast<std::size_t>(i)], 1 * MiB));
   for (int i = 1; i < 8; i += 2) f.pool->deallocate(p[static_cast<std::size_t>(i)], s.key());
   f.pool->deallocate(q, s.key());
   f.dev->run_all();

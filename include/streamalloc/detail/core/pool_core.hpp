@@ -491,6 +491,7 @@ class pool_core final : public completion_listener {
     if (b == nullptr) {
       // find_memory stopped before growing, to wait for this stream's own frees
       // (reuse_policy::wait_before_growing). Without the lock: other threads go on meanwhile.
+      ++waits_before_growing_;
       lock.unlock();
       backend_.synchronize(wait.ev);
       lock.lock();
@@ -526,15 +527,13 @@ class pool_core final : public completion_listener {
   block* find_memory(std::uint64_t n, state& st, stream_key s, placement where, bool may_wait, own_frees_wait* wait);
   /// Whether a request of `n` bytes on `s` that nothing free serves, not even remapped, should
   /// wait for the stream's own frees before growing: asked for, a request of a chunk or more, a
-  /// stream in hand, and at least half the request pending on it, not yet known complete.
-  /// Pending bytes, not whole chunks: once clear, a freed block also joins clear neighbours and
-  /// extends a run's free tail, so growth shrinks even where no chunk becomes movable (counting
-  /// only chunks the frees would make movable, the CPU model's GPT-2 run held 1.020 of its peak
-  /// instead of 1.015). A wait that then saves nothing is possible, and rare.
-  bool wait_before_growing_pays(std::uint64_t n, const state& st, const stream_key& s) const noexcept {
-    return options_.reuse.wait_before_growing && n >= options_.chunk_size && s.native != nullptr &&
-           st.newest_stamp > st.record->completed() && st.pending.bytes() >= n / 2;
-  }
+  /// stream in hand, and a chunk that the wait would make movable (own_frees_free_chunks).
+  bool wait_before_growing_pays(std::uint64_t n, const state& st, const stream_key& s);
+  /// Bytes of the chunks that are wholly free, clear or pending on `st`, with some of it
+  /// pending: once `st`'s frees are known complete they turn clear and may be remapped. The
+  /// only memory a wait adds: `st` may already use its own pending frees, joined with clear
+  /// neighbours or extended at a run's end; what it may not do is remap them.
+  std::uint64_t own_frees_free_chunks(const state& st);
   /// Best fit among the blocks `st` may use: clear ones, its own, and others' it is ordered after.
   block* find_usable(std::uint64_t n, state& st);
   /// The smallest run of adjacent free blocks in different bins that `st` may use and that
@@ -704,6 +703,7 @@ class pool_core final : public completion_listener {
   std::uint64_t export_serials_ = 0;
   std::uint64_t imported_held_ = 0;
   pool_history history_;  // off unless asked for (pool::keep_history)
+  std::uint64_t waits_before_growing_ = 0;  // host waits instead of growth, under the pool lock
 };
 
 }  // namespace streamalloc::detail

@@ -119,6 +119,7 @@ inline std::string snapshot_json(int device, const pool_properties& props, const
   w.field("graph_reserved_high", s.graph_reserved_high);
   w.field("graph_allocations", s.graph_allocations);
   w.field("graphs", s.graphs);
+  w.field("waits_before_growing", s.waits_before_growing);
   w.close('}');
   if (mem.known) {
     w.open("device_memory", '{');
