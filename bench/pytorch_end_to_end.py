@@ -106,6 +106,7 @@ def child(name, allocator, steps, result_path, snapshot_dir=None):
         first_pass = time.perf_counter() - t
     torch.cuda.synchronize()
     poll()
+    counts_before = pool_counts(allocator)
     times = []
     for i in range(steps):
         t = time.perf_counter()
@@ -113,6 +114,9 @@ def child(name, allocator, steps, result_path, snapshot_dir=None):
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t)
         poll()
+    counts = pool_counts(allocator)
+    if counts:  # growths and host waits over the whole run, and over the timed steps alone
+        counts.update({k + "_in_steps": counts[k] - counts_before[k] for k in counts_before})
     if allocator.startswith("streamalloc"):
         import streamalloc
         reserved_high = streamalloc.statistics()["reserved_high"]
@@ -125,9 +129,18 @@ def child(name, allocator, steps, result_path, snapshot_dir=None):
         reserved_high = torch.cuda.max_memory_reserved()
     out = {"workload": name, "allocator": allocator, "steps": steps, "process_peak_bytes": peak,
            "reserved_high_bytes": reserved_high, "step_s_median": statistics.median(times),
-           "step_s": times, "first_pass_s": first_pass, "torch": torch.__version__, "gpu": torch.cuda.get_device_name(0)}
+           "step_s": times, "first_pass_s": first_pass, "pool_counts": counts, "torch": torch.__version__, "gpu": torch.cuda.get_device_name(0)}
     with open(result_path, "w") as f:
         json.dump(out, f)
+
+
+def pool_counts(allocator):
+    """streamalloc's growths and waits before growing so far; None for PyTorch's allocator."""
+    if not allocator.startswith("streamalloc"):
+        return None
+    import streamalloc
+    st = streamalloc.statistics()
+    return {"grows": st["grows"], "waits_before_growing": st["waits_before_growing"]}
 
 
 def run_child(name, allocator, steps, timeout, snapshot_dir=None):
@@ -242,8 +255,11 @@ def main():
                     print("round %d, %s on %s failed: %s" % (r + 1, n, a, err), flush=True)
                     res = {"workload": n, "allocator": a, "failed": err}
                 else:
-                    print("round %d, %s on %-18s peak %6.0f MiB, step %7.1f ms" % (
-                        r + 1, n, a, res["process_peak_bytes"] / MIB, res["step_s_median"] * 1e3), flush=True)
+                    c = res.get("pool_counts")
+                    more = "" if not c else ", grows %d (%d in the steps), waits %d (%d in the steps)" % (
+                        c["grows"], c["grows_in_steps"], c["waits_before_growing"], c["waits_before_growing_in_steps"])
+                    print("round %d, %s on %-18s peak %6.0f MiB, step %7.1f ms%s" % (
+                        r + 1, n, a, res["process_peak_bytes"] / MIB, res["step_s_median"] * 1e3, more), flush=True)
                 results[n][a].append(res)
     for n in names:
         report(n, results[n])
