@@ -52,8 +52,6 @@ ALLOCATORS = {  # name: PYTORCH_CUDA_ALLOC_CONF, or None for streamalloc
     "pytorch": "",
     "pytorch_expandable": "expandable_segments:True",
     "streamalloc": None,
-    # The default pool with reuse_policy::wait_before_growing; run only when named.
-    "streamalloc_wait": None,
 }
 DEFAULT_ALLOCATORS = ["pytorch", "pytorch_expandable", "streamalloc"]
 MIB = float(1 << 20)
@@ -66,8 +64,6 @@ def child(name, allocator, steps, result_path, snapshot_dir=None):
         streamalloc.use_in_pytorch()  # before CUDA initialises
     torch = record._import_torch()
     _, total = torch.cuda.mem_get_info()
-    if allocator == "streamalloc_wait":
-        streamalloc.set_reuse_policy(wait_before_growing=True)
     if snapshot_dir and allocator.startswith("streamalloc"):
         streamalloc.keep_history(1 << 18)
     peak = 0
@@ -115,7 +111,7 @@ def child(name, allocator, steps, result_path, snapshot_dir=None):
         times.append(time.perf_counter() - t)
         poll()
     counts = pool_counts(allocator)
-    if counts:  # growths and host waits over the whole run, and over the timed steps alone
+    if counts:  # growths and remaps over the whole run, and over the timed steps alone
         counts.update({k + "_in_steps": counts[k] - counts_before[k] for k in counts_before})
     if allocator.startswith("streamalloc"):
         import streamalloc
@@ -135,12 +131,12 @@ def child(name, allocator, steps, result_path, snapshot_dir=None):
 
 
 def pool_counts(allocator):
-    """streamalloc's growths and waits before growing so far; None for PyTorch's allocator."""
+    """streamalloc's growths and chunks remapped so far; None for PyTorch's allocator."""
     if not allocator.startswith("streamalloc"):
         return None
     import streamalloc
     st = streamalloc.statistics()
-    return {"grows": st["grows"], "waits_before_growing": st["waits_before_growing"]}
+    return {"grows": st["grows"], "remapped_chunks": st["remapped_chunks"]}
 
 
 def run_child(name, allocator, steps, timeout, snapshot_dir=None):
@@ -187,14 +183,13 @@ def report(name, rows):
             spread([r["reserved_high_bytes"] / MIB for r in got], "%.0f"),
             spread([r["step_s_median"] * 1e3 for r in got], "%.1f")))
     theirs = rows.get("pytorch", [])
-    for variant in ("streamalloc", "streamalloc_wait"):
-        ours = rows.get(variant, [])
-        pairs = [(o, t) for o, t in zip(ours, theirs) if o and t and "failed" not in o and "failed" not in t]
-        if pairs:
-            peak = [o["process_peak_bytes"] / t["process_peak_bytes"] for o, t in pairs]
-            step = [o["step_s_median"] / t["step_s_median"] for o, t in pairs]
-            print("  %s / PyTorch's default, round by round: process peak %s, step time %s"
-                  % (variant, spread(peak, "%.3f"), spread(step, "%.3f")))
+    ours = rows.get("streamalloc", [])
+    pairs = [(o, t) for o, t in zip(ours, theirs) if o and t and "failed" not in o and "failed" not in t]
+    if pairs:
+        peak = [o["process_peak_bytes"] / t["process_peak_bytes"] for o, t in pairs]
+        step = [o["step_s_median"] / t["step_s_median"] for o, t in pairs]
+        print("  streamalloc / PyTorch's default, round by round: process peak %s, step time %s"
+              % (spread(peak, "%.3f"), spread(step, "%.3f")))
 
 
 def main():
@@ -256,8 +251,8 @@ def main():
                     res = {"workload": n, "allocator": a, "failed": err}
                 else:
                     c = res.get("pool_counts")
-                    more = "" if not c else ", grows %d (%d in the steps), waits %d (%d in the steps)" % (
-                        c["grows"], c["grows_in_steps"], c["waits_before_growing"], c["waits_before_growing_in_steps"])
+                    more = "" if not c else ", grows %d (%d in the steps), chunks remapped %d (%d in the steps)" % (
+                        c["grows"], c["grows_in_steps"], c["remapped_chunks"], c["remapped_chunks_in_steps"])
                     print("round %d, %s on %-18s peak %6.0f MiB, step %7.1f ms%s" % (
                         r + 1, n, a, res["process_peak_bytes"] / MIB, res["step_s_median"] * 1e3, more), flush=True)
                 results[n][a].append(res)

@@ -11,7 +11,7 @@
 //
 //   bench_trace_sim [--live-gib N] [--steps N]
 //   bench_trace_sim --trace FILE|DIR [--trace FILE|DIR ...] [--snapshots DIR [--snapshot-at N]]
-//                   [--device idle|steps|lag N] [--streams kept|pytorch] [--wait-before-growing]
+//                   [--device idle|steps|lag N] [--streams kept|pytorch]
 //
 // --snapshots writes, for each trace, the default pool's snapshot (pool::snapshot's JSON, with
 // the history of every event up to then) taken when the trace's live bytes peak, to
@@ -59,8 +59,6 @@ bool device_idle = true;
 std::size_t device_lag = 0;
 // --streams pytorch: streams as PyTorch hands them to streamalloc (see simulate).
 bool pytorch_streams = false;
-// --wait-before-growing: the pools with reuse_policy::wait_before_growing.
-bool wait_before_growing = false;
 
 /// The index of the operation after which the live bytes peak.
 std::size_t peak_op(const std::vector<bench::recorded_op>& ops) {
@@ -145,8 +143,8 @@ void warm_passes(Pool& pool, streamalloc_test::sim_device& dev, const std::vecto
 void simulate(const std::vector<bench::recorded_op>& ops, std::size_t allocations, std::uint32_t streams,
               std::size_t peak, std::uint64_t address_space, const std::string& name = {},
               const std::vector<std::size_t>& step_starts = {}) {
-  std::printf("%17s %14s %12s %10s %10s %8s %10s %10s\n", "chunk", "reserved high", "/ peak live", "remapped", "chunks",
-              "seconds", "ns/op", "host waits");
+  std::printf("%17s %14s %12s %10s %10s %8s %10s\n", "chunk", "reserved high", "/ peak live", "remapped", "chunks",
+              "seconds", "ns/op");
   static char handles[bench::trace_detail::max_streams];
   for (const config& c : configs) {
     const std::size_t chunk = c.chunk;
@@ -159,7 +157,6 @@ void simulate(const std::vector<bench::recorded_op>& ops, std::size_t allocation
     o.own_chunk_for_large = c.own;
     o.release_threshold = ~0ull;
     o.address_space = address_space;
-    o.reuse.wait_before_growing = wait_before_growing;
     pool_core<streamalloc_test::sim_backend> pool(streamalloc_test::sim_backend{dev}, o);
     // Stream 0 is the record bench_trace_sim always used; further streams get records of their
     // own.
@@ -222,10 +219,10 @@ void simulate(const std::vector<bench::recorded_op>& ops, std::size_t allocation
     }
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
     const auto st = pool.statistics();
-    std::printf("%9zu MiB%s %11.3f GiB %12.3f %10llu %10llu %8.2f %10.0f %10llu\n", chunk >> 20,
-                c.own ? ", own" : "     ", double(st.reserved_high) / (1 << 30), double(st.reserved_high) / double(peak),
+    std::printf("%9zu MiB%s %11.3f GiB %12.3f %10llu %10llu %8.2f %10.0f\n", chunk >> 20, c.own ? ", own" : "     ",
+                double(st.reserved_high) / (1 << 30), double(st.reserved_high) / double(peak),
                 static_cast<unsigned long long>(st.remapped_chunks), static_cast<unsigned long long>(st.chunks), secs,
-                secs * 1e9 / double(ops.size()), static_cast<unsigned long long>(dev->host_waits));
+                secs * 1e9 / double(ops.size()));
     if (&c == &configs[0] && device_idle) warm_passes(pool, *dev, ops, keys, ptr);
     pool.shutdown();
   }
@@ -298,8 +295,6 @@ int main(int argc, char** argv) {
       device_lag = std::strtoull(argv[i + 2], nullptr, 10);
       device_idle = false;
       i += 2;
-    } else if (!std::strcmp(argv[i], "--wait-before-growing")) {
-      wait_before_growing = true;
     } else if (!std::strcmp(argv[i], "--streams") && i + 1 < argc && !std::strcmp(argv[i + 1], "pytorch")) {
       pytorch_streams = true;
       ++i;
@@ -308,7 +303,7 @@ int main(int argc, char** argv) {
     }
     else {
       std::fprintf(stderr, "usage: bench_trace_sim [--live-gib N] [--steps N] | --trace FILE|DIR [--trace ...] [--snapshots DIR [--snapshot-at N]]\n"
-                   "                       [--device idle|steps|lag N] [--streams kept|pytorch] [--wait-before-growing]\n");
+                   "                       [--device idle|steps|lag N] [--streams kept|pytorch]\n");
       return 2;
     }
   }

@@ -82,7 +82,6 @@ typedef struct streamalloc_statistics {
   uint64_t graph_reserved_high;    /**< its high-water mark since creation or reset */
   uint64_t graph_allocations;      /**< blocks held by graphs alive */
   uint64_t graphs;                 /**< graphs alive that hold memory of the pool */
-  uint64_t waits_before_growing;   /**< host waits for a stream's frees instead of growth */
 } streamalloc_statistics;
 
 /**
@@ -119,12 +118,11 @@ STREAMALLOC_C_EXPORT int streamalloc_set_release_threshold(int device, size_t by
 /**
  * Sets which free memory device `device`'s current pool lets a stream reuse, from now on
  * (streamalloc::reuse_policy; each argument 0 or 1): memory freed on another stream it waited
- * on through streamalloc, memory whose free the device has run, waiting on another stream's
- * free instead of failing at the pool's limit, and the host waiting for the stream's own frees
- * before growing for a request of a chunk or more. Returns 0, or -1.
+ * on through streamalloc, memory whose free the device has run, and waiting on another
+ * stream's free instead of failing at the pool's limit. Returns 0, or -1.
  */
 STREAMALLOC_C_EXPORT int streamalloc_set_reuse_policy(int device, int follow_event_dependencies, int opportunistic,
-                                                      int internal_dependencies, int wait_before_growing);
+                                                      int internal_dependencies);
 
 /**
  * Writes a JSON object describing device `device`'s current pool (its properties, statistics,

@@ -106,8 +106,7 @@ STREAMALLOC_C_EXPORT int streamalloc_get_statistics(int device, streamalloc_stat
                                      s.used_high,              s.live_allocations,    s.free_clear,
                                      s.free_pending,           s.largest_free_block,  s.chunks,
                                      s.remapped_chunks,        s.grows,               s.graph_reserved_current,
-                                     s.graph_reserved_high,    s.graph_allocations,   s.graphs,
-                                     s.waits_before_growing};
+                                     s.graph_reserved_high,    s.graph_allocations,   s.graphs};
     std::memcpy(out, &all, std::min(out_size, sizeof all));
     return 0;
   });
@@ -146,11 +145,10 @@ STREAMALLOC_C_EXPORT int streamalloc_set_release_threshold(int device, size_t by
 }
 
 STREAMALLOC_C_EXPORT int streamalloc_set_reuse_policy(int device, int follow_event_dependencies, int opportunistic,
-                                                      int internal_dependencies, int wait_before_growing) {
+                                                      int internal_dependencies) {
   using namespace streamalloc::detail;
   return c_guarded("streamalloc_set_reuse_policy", -1, [&] {
-    c_pool(device).set_reuse_policy({follow_event_dependencies != 0, opportunistic != 0, internal_dependencies != 0,
-                                     wait_before_growing != 0});
+    c_pool(device).set_reuse_policy({follow_event_dependencies != 0, opportunistic != 0, internal_dependencies != 0});
     return 0;
   });
 }

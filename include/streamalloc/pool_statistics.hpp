@@ -33,9 +33,6 @@ struct pool_statistics {
   std::size_t graph_reserved_high = 0;     ///< its high-water mark since creation or reset
   std::size_t graph_allocations = 0;       ///< blocks held by graphs alive
   std::size_t graphs = 0;                  ///< graphs alive that hold memory of the pool
-  /// Times the host waited for a stream's own frees instead of growing
-  /// (reuse_policy::wait_before_growing), since creation.
-  std::size_t waits_before_growing = 0;
 };
 
 }  // namespace streamalloc

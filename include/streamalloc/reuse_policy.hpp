@@ -22,18 +22,6 @@ struct reuse_policy {
   /// When the pool cannot grow (at its maximum size, or out of device memory), make the
   /// allocating stream wait on a pending free instead of failing. Can serialize streams.
   bool internal_dependencies = true;
-  /// Before growing the pool for a request of a chunk or more, wait on the host for the
-  /// allocating stream's own earlier frees to run, when they hold at least half the request:
-  /// once known complete, their memory can be remapped into one range instead of new memory
-  /// being mapped. A host running ahead of its GPU frees memory the GPU has not reached, and
-  /// a large request then finds it fragmented and unproven: a training loop's large
-  /// activations made the pool grow step after step (docs/deep-learning.md). Blocks the
-  /// calling thread, not the GPU or other threads, until the stream catches up to the call
-  /// (spinning, as cudaEventSynchronize does): never turn it on for a stream whose queued work
-  /// waits on something the allocating thread does later (a flag it sets, a collective whose
-  /// peers wait for it), or the wait never ends. Off by default until its cost is measured on a
-  /// GPU.
-  bool wait_before_growing = false;
 };
 
 }  // namespace streamalloc

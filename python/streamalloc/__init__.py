@@ -37,8 +37,7 @@ class _Statistics(ctypes.Structure):
     _fields_ = [(name, ctypes.c_uint64) for name in (
         "reserved_current", "reserved_high", "used_current", "used_high", "live_allocations",
         "free_clear", "free_pending", "largest_free_block", "chunks", "remapped_chunks", "grows",
-        "graph_reserved_current", "graph_reserved_high", "graph_allocations", "graphs",
-        "waits_before_growing")]
+        "graph_reserved_current", "graph_reserved_high", "graph_allocations", "graphs")]
 
 
 _lib = None
@@ -98,7 +97,7 @@ def _declare(lib):
         "streamalloc_synchronize": (c_int, [c_int]),
         "streamalloc_trim": (c_int, [c_int, size_t]),
         "streamalloc_set_release_threshold": (c_int, [c_int, size_t]),
-        "streamalloc_set_reuse_policy": (c_int, [c_int, c_int, c_int, c_int, c_int]),
+        "streamalloc_set_reuse_policy": (c_int, [c_int, c_int, c_int, c_int]),
         "streamalloc_snapshot": (ctypes.c_longlong, [c_int, ctypes.c_char_p, size_t]),
         "streamalloc_keep_history": (c_int, [c_int, size_t]),
         "streamalloc_last_error": (ctypes.c_char_p, []),
@@ -166,14 +165,11 @@ def set_release_threshold(bytes_kept: int, device: int | None = None) -> None:
 
 
 def set_reuse_policy(follow_event_dependencies: bool = True, opportunistic: bool = True,
-                     internal_dependencies: bool = True, wait_before_growing: bool = False,
-                     device: int | None = None) -> None:
+                     internal_dependencies: bool = True, device: int | None = None) -> None:
     """Which free memory a stream may reuse, from now on (the C++ ``reuse_policy``; the
-    defaults are the pool's). ``wait_before_growing``: before growing for a request of a chunk
-    or more, the calling thread waits for the stream's own earlier frees to run, so that their
-    memory can be remapped instead of new memory mapped."""
+    defaults are the pool's)."""
     _check(load().streamalloc_set_reuse_policy(_device(device), int(follow_event_dependencies), int(opportunistic),
-                                               int(internal_dependencies), int(wait_before_growing)))
+                                               int(internal_dependencies)))
 
 
 def snapshot(device: int | None = None) -> dict:

@@ -218,13 +218,12 @@ TEST_SUITE("c_api") {
       return text.substr(at, text.find('}', at) - at);
     };
     CHECK(contains(reuse_in_snapshot(), "\"opportunistic\": true"));
-    CHECK(contains(reuse_in_snapshot(), "\"wait_before_growing\": false"));
-    CHECK(streamalloc_set_reuse_policy(0, 1, 0, 1, 1) == 0);
+    CHECK(streamalloc_set_reuse_policy(0, 1, 0, 0) == 0);
     CHECK(contains(reuse_in_snapshot(), "\"follow_event_dependencies\": true, \"opportunistic\": false, "
-                                        "\"internal_dependencies\": true, \"wait_before_growing\": true"));
-    CHECK(streamalloc_set_reuse_policy(0, 1, 1, 1, 0) == 0);  // the defaults again
-    CHECK(contains(reuse_in_snapshot(), "\"opportunistic\": true"));
-    CHECK(streamalloc_set_reuse_policy(7, 1, 1, 1, 0) == -1);
+                                        "\"internal_dependencies\": false"));
+    CHECK(streamalloc_set_reuse_policy(0, 1, 1, 1) == 0);  // the defaults again
+    CHECK(contains(reuse_in_snapshot(), "\"opportunistic\": true, \"internal_dependencies\": true"));
+    CHECK(streamalloc_set_reuse_policy(7, 1, 1, 1) == -1);
     CHECK(contains(last_error(), "streamalloc_set_reuse_policy: "));
 
     CHECK(streamalloc_set_release_threshold(0, SIZE_MAX) == 0);

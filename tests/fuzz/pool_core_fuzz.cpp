@@ -280,6 +280,23 @@ class harness {
     sim.destroy(e);
   }
 
+  /// Memory is about to be mapped at `va`. Physical memory already mapped elsewhere (an alias:
+  /// a stream's own frees moved to new addresses before they ran) brings its unexecuted frees
+  /// along, so the checks of reuse at the new addresses see them.
+  void on_map(std::uint64_t va, std::uint64_t bytes, sim_backend::handle hd, const sim_backend& sim) {
+    for (const auto& [old, mapped] : sim.dev->mapped_handle) {
+      if (mapped != hd) continue;
+      TRACE("  pool: [%#llx, +%llu) mapped again at %#llx", ull(old), ull(bytes), ull(va));
+      std::vector<freed> moved;
+      for (const freed& f : history_) {
+        if (streams_[f.stream].done >= f.op || !overlaps(old, bytes, f.addr, f.size)) continue;
+        const std::uint64_t from = std::max(f.addr, old), to = std::min(f.addr + f.size, old + bytes);
+        moved.push_back({va + (from - old), to - from, f.stream, f.op});
+      }
+      history_.insert(history_.end(), moved.begin(), moved.end());
+    }
+  }
+
   /// Memory is about to be unmapped: nothing may still use it.
   void check_unmap(std::uint64_t va, std::uint64_t bytes) {
     if (!shutting_down_) {
@@ -391,7 +408,7 @@ class harness {
     dev_->granularity = (b0 & 16) ? 64 * KiB : 2 * MiB;
     const std::uint64_t g = dev_->granularity;
     core_options o;
-    o.reuse = {bool(b0 & 1), bool(b0 & 2), bool(b0 & 4), bool(b0 & 32)};
+    o.reuse = {bool(b0 & 1), bool(b0 & 2), bool(b0 & 4)};
     o.own_chunk_for_large = !(b0 & 8);
     const std::uint64_t chunks[] = {0, g, 2 * g, 8 * MiB, 16 * MiB, 3 * g};
     o.chunk_size = chunks[b1 % 6];
@@ -408,10 +425,10 @@ class harness {
     // number, so each input runs in milliseconds.
     if (!o.own_chunk_for_large) dev_->capacity = std::min(dev_->capacity, chunk * 2048);
     TRACE("pool: granularity %llu, chunk %llu, max %llu, threshold %llu, addresses %llu, device %llu, reuse "
-          "%d%d%d%d, own chunk for large %d",
+          "%d%d%d, own chunk for large %d",
           ull(g), ull(chunk), ull(o.max_size), ull(o.release_threshold), ull(o.address_space), ull(dev_->capacity),
           o.reuse.follow_event_dependencies, o.reuse.opportunistic, o.reuse.internal_dependencies,
-          o.reuse.wait_before_growing, o.own_chunk_for_large);
+          o.own_chunk_for_large);
     pool_ = std::make_unique<core>(fuzz_backend{sim_backend{dev_}, this}, o);
 
     // The host pseudo-stream, as pool.hpp's host_key() makes it.
@@ -734,9 +751,8 @@ class harness {
           TRACE("set_release_threshold(%llu)", ull(v));
           pool_->set_release_threshold(v);
         } else {
-          const reuse_policy r{bool(b & 8), bool(b & 16), bool(b & 32), bool(b & 64)};
-          TRACE("set_reuse(%d%d%d%d)", r.follow_event_dependencies, r.opportunistic, r.internal_dependencies,
-                r.wait_before_growing);
+          const reuse_policy r{bool(b & 8), bool(b & 16), bool(b & 32)};
+          TRACE("set_reuse(%d%d%d)", r.follow_event_dependencies, r.opportunistic, r.internal_dependencies);
           pool_->set_reuse(r);
         }
         break;
@@ -1071,6 +1087,7 @@ CUresult fuzz_backend::create(std::uint64_t bytes, handle& out) {
   return sim_call("create", [&] { return sim.create(bytes, out); });
 }
 void fuzz_backend::map(std::uint64_t va, std::uint64_t bytes, handle& hd) {
+  h->on_map(va, bytes, hd, sim);
   sim_call("map", [&] { sim.map(va, bytes, hd); });
 }
 // The simulated device aborts on a misuse in these: they may not throw (pool_backend).

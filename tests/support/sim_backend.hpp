@@ -190,8 +190,6 @@ struct sim_backend {
     const auto& ev = dev->events.at(e);
     if (dev->streams[ev.stream].completed < ev.seq) dev->busy.insert(k.native);
   }
-  // The pool calls this without its lock (reuse_policy::wait_before_growing): fine for the
-  // single-threaded tests that use the simulated device, not for threads sharing one.
   void synchronize(event& e) noexcept {
     const auto found = dev->events.find(e);
     if (found == dev->events.end()) misuse("synchronize: unknown event");

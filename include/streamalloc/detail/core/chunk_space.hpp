@@ -30,6 +30,16 @@ class chunk_space {
   struct chunk {
     std::uint64_t size;
     handle h;
+    /// Earlier addresses where it is still mapped too (map_alias); while there are any, the
+    /// pool neither moves nor releases it.
+    std::uint32_t aliases = 0;
+  };
+  /// An earlier mapping of a chunk moved by map_alias: [va, va + size), kept until `owner`'s
+  /// frees stamped up to `stamp` are known complete; the chunk is now at `chunk_va`.
+  struct alias {
+    std::uint64_t va, size, chunk_va;
+    void* owner;
+    std::uint64_t stamp;
   };
   /// Told of each reservation made (base, size), under the pool lock.
   using reserve_hook = std::function<void(std::uint64_t, std::uint64_t)>;
@@ -139,6 +149,41 @@ class chunk_space {
     backend_.unmap(va, node.mapped().size);
     return std::move(node.mapped());
   }
+  /// Maps the chunk at `va` at `dst` too (addresses taken from free_addresses()), where it is
+  /// found from now on; the mapping at `va` stays, addresses included, until unmap_aliases
+  /// finds `owner`'s frees up to `stamp` complete. May throw (the driver refuses, or no host
+  /// memory), changing nothing.
+  void map_alias(std::uint64_t va, std::uint64_t dst, void* owner, std::uint64_t stamp) {
+    aliases_.reserve(aliases_.size() + 1);
+    auto it = chunks_.find(va);
+    backend_.map(dst, it->second.size, it->second.h);
+    auto node = chunks_.extract(it);
+    node.key() = dst;
+    ++node.mapped().aliases;
+    aliases_.push_back({va, node.mapped().size, dst, owner, stamp});
+    chunks_.insert(std::move(node));
+  }
+  /// Unmaps the earlier mappings for which `done(owner, stamp)` holds and gives their
+  /// addresses back; returns how many.
+  template <class Done>
+  std::size_t unmap_aliases(Done&& done) noexcept {
+    std::size_t n = 0;
+    for (std::size_t i = 0; i < aliases_.size();) {
+      const alias a = aliases_[i];
+      if (!done(a.owner, a.stamp)) {
+        ++i;
+        continue;
+      }
+      backend_.unmap(a.va, a.size);
+      free_.give_back(a.va, a.size);
+      --chunks_.at(a.chunk_va).aliases;
+      aliases_[i] = aliases_.back();
+      aliases_.pop_back();
+      ++n;
+    }
+    return n;
+  }
+  [[nodiscard]] const std::vector<alias>& aliases() const noexcept { return aliases_; }
   /// Physical memory made for the pool outside its chunks (pages shared by graphs): counts as
   /// held until given to release().
   void note_held(std::uint64_t bytes) noexcept {
@@ -154,6 +199,7 @@ class chunk_space {
   }
   /// Unmaps and releases every chunk (the pool is closing). The addresses stay reserved.
   void release_all() noexcept {
+    unmap_aliases([](void*, std::uint64_t) { return true; });
     while (!chunks_.empty()) release(unmap(chunks_.begin()->first));
   }
 
@@ -195,6 +241,7 @@ class chunk_space {
   std::uint64_t refused_ = 0;
   address_ranges free_;
   std::map<std::uint64_t, chunk> chunks_;
+  std::vector<alias> aliases_;
   std::uint64_t held_ = 0, held_high_ = 0;
   std::atomic<std::uint64_t> held_seen_{0};
   std::uint64_t grows_ = 0, remapped_ = 0;

@@ -40,10 +40,7 @@ struct stream_key {
  *   into a graph (CUDA's global capture mode forbids "unsafe" calls to every thread).
  * - `unmap`, `release`, `synchronize` (the host waits for an event) and `destroy` (of an event)
  *   are what the core calls while giving memory back, from destructors and after failures: they
- *   may not throw.
- * - `synchronize` of an event the core recorded for `reuse_policy::wait_before_growing` runs
- *   without the pool's lock, while other threads may call the backend: it may touch nothing
- *   but that event. Every other call is made under the lock.
+ *   may not throw. Every call is made under the pool's lock.
  */
 template <class B>
 concept pool_backend = requires(B& b, std::uint64_t n, typename B::handle& h, typename B::event& e, const stream_key& k) {

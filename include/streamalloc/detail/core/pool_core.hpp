@@ -486,21 +486,7 @@ class pool_core final : public completion_listener {
     if (streams_.has_retiring()) recycle_retired();
     flush_cache(st);
     if (!st.record->handle_stable()) completion_.cover(st, s);  // at most one event per slow call
-    own_frees_wait wait;
-    block* b = find_memory(n, st, s, where, options_.reuse.internal_dependencies, &wait);
-    if (b == nullptr) {
-      // find_memory stopped before growing, to wait for this stream's own frees
-      // (reuse_policy::wait_before_growing). Without the lock: other threads go on meanwhile.
-      ++waits_before_growing_;
-      lock.unlock();
-      backend_.synchronize(wait.ev);
-      lock.lock();
-      // Only an event that has run proves the frees before it ran: a wait that failed (a
-      // faulted context) proves nothing, and the request grows as it would have.
-      if (backend_.done(wait.ev)) st.record->mark_completed(wait.point);
-      backend_.destroy(wait.ev);
-      b = find_memory(n, st, s, where, options_.reuse.internal_dependencies, nullptr);
-    }
+    block* b = find_memory(n, st, s, where, options_.reuse.internal_dependencies);
     live_.prefetch(b->addr);
     take(b, n);
     set_state(b, block_state::live);
@@ -512,28 +498,10 @@ class pool_core final : public completion_listener {
 
   // --- where a request is served from (defined in pool_sources.hpp) --------------------------
 
-  /// An event recorded on the allocating stream after its frees stamped up to `point`, for
-  /// the host to wait on before growing (reuse_policy::wait_before_growing).
-  struct own_frees_wait {
-    event ev{};
-    std::uint64_t point = 0;
-  };
   /// A free block of at least `n` bytes that `st` may use, still in its bins, from the first
   /// source that has one. Throws core_out_of_memory when none has.
   /// `may_wait`: waiting on another stream's frees (internal dependencies) is a source.
-  /// `wait`: where the pool would rather wait for `st`'s own frees than grow
-  /// (wait_before_growing_pays), an event for that wait is put here and null returned, before
-  /// anything grows; null: no such stop.
-  block* find_memory(std::uint64_t n, state& st, stream_key s, placement where, bool may_wait, own_frees_wait* wait);
-  /// Whether a request of `n` bytes on `s` that nothing free serves, not even remapped, should
-  /// wait for the stream's own frees before growing: asked for, a request of a chunk or more, a
-  /// stream in hand, and a chunk that the wait would make movable (own_frees_free_chunks).
-  bool wait_before_growing_pays(std::uint64_t n, const state& st, const stream_key& s);
-  /// Bytes of the chunks that are wholly free, clear or pending on `st`, with some of it
-  /// pending: once `st`'s frees are known complete they turn clear and may be remapped. The
-  /// only memory a wait adds: `st` may already use its own pending frees, joined with clear
-  /// neighbours or extended at a run's end; what it may not do is remap them.
-  std::uint64_t own_frees_free_chunks(const state& st);
+  block* find_memory(std::uint64_t n, state& st, stream_key s, placement where, bool may_wait);
   /// Best fit among the blocks `st` may use: clear ones, its own, and others' it is ordered after.
   block* find_usable(std::uint64_t n, state& st);
   /// The smallest run of adjacent free blocks in different bins that `st` may use and that
@@ -641,17 +609,24 @@ class pool_core final : public completion_listener {
   /// Live block `b` made `n` bytes long in place; false, changing nothing, when it cannot be.
   bool extend(block* b, std::uint64_t n, state& st);
 
+  // --- defragmentation (defined in pool_remap.hpp) -------------------------------------------
+
   struct free_chunk {
     std::uint64_t va, size;
     std::uint64_t block_size;  ///< of the free block holding it
+    std::uint64_t stamp;       ///< 0: clear; else it moves as an alias, ordered after this
   };
-  /// The chunks lying wholly inside clear free blocks: those that may be unmapped.
-  std::vector<free_chunk> free_chunks();
-  /// Cuts [va, va + size) out of the clear block holding it and out of the address chain.
+  /// The chunks lying wholly inside clear free blocks, those that may be unmapped; with `own`,
+  /// also those of clear memory and `own`'s pending frees, which may move as aliases.
+  std::vector<free_chunk> free_chunks(const state* own = nullptr);
+  /// Cuts [va, va + size) out of the free blocks covering it and out of the address chain.
   void cut_out(std::uint64_t va, std::uint64_t size);
-  /// Moves whole free chunks (va, size) next to each other from `dst`; the address after them.
-  std::uint64_t remap_to(std::uint64_t dst, const std::vector<std::pair<std::uint64_t, std::uint64_t>>& chunks,
-                         state& st);
+  /// Moves whole free chunks next to each other from `dst`; the address after them.
+  std::uint64_t remap_to(std::uint64_t dst, const std::vector<free_chunk>& chunks, state& st);
+  /// Unmaps the old mappings of `st`'s aliased chunks whose frees are known complete.
+  void unmap_aliases(state& st) noexcept;
+  /// The block serving `n` bytes on `st` after chunks moved: found, or joined.
+  block* usable_after_remap(std::uint64_t n, state& st);
   /// Remaps whole free chunks next to each other when together they would hold `n` bytes.
   block* defragment(std::uint64_t n, state& st);
   /// When whole free chunks hold part of `n` bytes: remaps them next to each other and maps a
@@ -703,7 +678,6 @@ class pool_core final : public completion_listener {
   std::uint64_t export_serials_ = 0;
   std::uint64_t imported_held_ = 0;
   pool_history history_;  // off unless asked for (pool::keep_history)
-  std::uint64_t waits_before_growing_ = 0;  // host waits instead of growth, under the pool lock
 };
 
 }  // namespace streamalloc::detail
@@ -712,6 +686,7 @@ class pool_core final : public completion_listener {
 #include <streamalloc/detail/core/pool_sources.hpp>  // the definitions of the sources section
 #include <streamalloc/detail/core/pool_completions.hpp>  // completed work: retire, synchronize, trim
 #include <streamalloc/detail/core/pool_growth.hpp>  // the definitions of the growth section
+#include <streamalloc/detail/core/pool_remap.hpp>  // defragmentation: chunks moved, or aliased
 #include <streamalloc/detail/core/pool_graphs.hpp>  // the definitions of the graphs section
 #include <streamalloc/detail/core/pool_graph_memory.hpp>  // graphs' own memory, shared pages
 #include <streamalloc/detail/core/pool_exports.hpp>  // allocations other processes import

@@ -109,6 +109,7 @@ void pool_core<Backend>::settle(state& st, bool query_events, const stream_key& 
   // Merging may absorb a later block of `ready` into an earlier one's neighbour chain only
   // once that later block is clear, i.e. after its own turn here, so none is used recycled.
   for (block* b : ready) make_clear(b);
+  unmap_aliases(st);
 }
 
 template <pool_backend Backend>

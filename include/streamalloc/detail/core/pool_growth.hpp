@@ -1,9 +1,9 @@
 #pragma once
 
-// The pool core's growth, defragmentation and release: how a request that no free block can
-// serve gets memory (extend the free block that ends a mapped run, remap whole free chunks next
-// to each other, create new chunks, reserve more addresses), how a live block grows in place,
-// and how free chunks go back to the device. Members of pool_core (pool_core.hpp), defined
+// The pool core's growth and release: how a request that no free block can serve gets new
+// memory (extend the free block that ends a mapped run, create new chunks, reserve more
+// addresses; moving chunks that are already there is pool_remap.hpp's), how a live block grows
+// in place, and how free chunks go back to the device. Members of pool_core (pool_core.hpp), defined
 // here to keep each file to one job; included at the end of pool_core.hpp, never on its own.
 
 #include <streamalloc/detail/core/pool_core.hpp>
@@ -236,128 +236,6 @@ bool pool_core<Backend>::extend(block* b, std::uint64_t n, state& st) {
     }
   }
   return true;
-}
-
-/// The chunks lying wholly inside clear free blocks (only memory known to be unused may be
-/// unmapped: remapping memory a kernel still reads would fault).
-template <pool_backend Backend>
-auto pool_core<Backend>::free_chunks() -> std::vector<free_chunk> {
-  std::vector<free_chunk> out;
-  for (auto& [va, c] : space_.chunks()) {
-    block* b = chain_.at_or_before(va);
-    if (state_of(b) == block_state::clear && b->addr <= va && b->addr + b->size >= va + c.size) {
-      out.push_back({va, c.size, b->size});
-    }
-  }
-  return out;
-}
-
-/// Cuts [va, va + size) out of the clear block holding it and out of the address chain.
-template <pool_backend Backend>
-void pool_core<Backend>::cut_out(std::uint64_t va, std::uint64_t size) {
-  block* b = chain_.at_or_before(va);
-  clear_.remove(b);
-  const auto [before, after] = chain_.cut(b, va, size);
-  for (block* piece : {before, after}) {
-    if (piece == nullptr) continue;
-    set_state(piece, block_state::clear);
-    clear_.insert(piece);
-  }
-}
-
-/// Defragments: when the clear memory in whole free chunks would hold `n` bytes, remaps those
-/// chunks next to each other (after the largest extendable free block if there is one).
-/// Moves whole free chunks (va, size) to consecutive addresses from `dst`, where they join
-/// into clear free memory; returns the address after the last.
-template <pool_backend Backend>
-std::uint64_t pool_core<Backend>::remap_to(std::uint64_t dst,
-                                           const std::vector<std::pair<std::uint64_t, std::uint64_t>>& chunks,
-                                           state& st) {
-  for (const auto& [va, size] : chunks) {
-    cut_out(va, size);
-    place_chunk(dst, space_.unmap(va), &clear_, &st);
-    if (history_.on()) [[unlikely]] history_.note(history_op::remap, st.record->id(), dst, size);
-    dst += size;
-    space_.note_remap();
-  }
-  return dst;
-}
-
-template <pool_backend Backend>
-block* pool_core<Backend>::defragment(std::uint64_t n, state& st) {
-  auto movable = free_chunks();
-  std::uint64_t total = 0;
-  for (auto& m : movable) total += m.size;
-  block* tail = extendable_tail(st, n, space_.granularity());  // only if the chunks fit after it
-  const std::uint64_t have = tail != nullptr ? tail->size : 0;
-  if (total + have < n) return nullptr;
-  // Take chunks out of the smallest free blocks first, so the large free blocks stay whole
-  // for large requests (this matters more to fragmentation than the number of remaps).
-  std::sort(movable.begin(), movable.end(), [](const free_chunk& a, const free_chunk& b) {
-    return a.block_size != b.block_size ? a.block_size < b.block_size : a.va < b.va;
-  });
-  std::vector<std::pair<std::uint64_t, std::uint64_t>> picked;
-  std::uint64_t got = have;
-  for (auto& m : movable) {
-    if (got >= n) break;
-    // Chunks under the tail block stay: moving them would shrink what they are to extend.
-    if (tail != nullptr && m.va < tail->addr + tail->size && tail->addr < m.va + m.size) continue;
-    picked.emplace_back(m.va, m.size);
-    got += m.size;
-  }
-  if (got < n) {
-    tail = nullptr;  // without the tail: from scratch
-    picked.clear();
-    got = 0;
-    for (auto& m : movable) {
-      if (got >= n) break;
-      picked.emplace_back(m.va, m.size);
-      got += m.size;
-    }
-    if (got < n) return nullptr;
-  }
-  std::uint64_t bytes = 0;
-  for (auto& m : picked) bytes += m.second;
-  std::optional<std::uint64_t> at;
-  const std::uint64_t tail_end = tail != nullptr ? tail->addr + tail->size : 0;
-  if (tail != nullptr) at = space_.free_addresses().take_at(bytes, tail_end);
-  if (!at && tail != nullptr && bytes < n) return nullptr;  // would not hold the request alone
-  if (!at) {
-    at = space_.take_or_reserve(bytes);
-    if (!at) return nullptr;
-  }
-  (void)remap_to(*at, picked, st);
-  return find_usable(n, st);
-}
-
-template <pool_backend Backend>
-block* pool_core<Backend>::defragment_and_grow(std::uint64_t n, state& st) {
-  auto movable = free_chunks();
-  std::uint64_t total = 0;
-  for (auto& m : movable) total += m.size;
-  // Worth its remaps only when the free chunks spare a good part of the growth.
-  if (total == 0 || total >= n || total < std::max(options_.chunk_size, n / 4)) return nullptr;
-  // A request that growth would serve by extending a free tail: that grows by less.
-  const bool own = n >= options_.chunk_size && options_.own_chunk_for_large;
-  if (!own) {
-    if (block* tail = extendable_tail(st, n, options_.chunk_size); tail != nullptr && tail->size >= total) return nullptr;
-  }
-  const std::uint64_t need = round_up(n - total, space_.granularity());
-  if (options_.max_size != 0 && space_.held() + need > options_.max_size) return nullptr;
-  handle h{};
-  if (backend_.create(need, h) != CUDA_SUCCESS) return nullptr;
-  const std::optional<std::uint64_t> at = space_.take_or_reserve(total + need);
-  if (!at) {
-    backend_.release(h);
-    return nullptr;
-  }
-  std::vector<std::pair<std::uint64_t, std::uint64_t>> chunks;
-  for (const auto& m : movable) chunks.emplace_back(m.va, m.size);
-  const std::uint64_t dst = remap_to(*at, chunks, st);
-  space_.note_growth(need);
-  if (history_.on()) [[unlikely]] history_.note(history_op::grow, st.record->id(), dst, need);
-  place_chunk(dst, chunk{need, std::move(h)}, &clear_, &st);
-  return find_usable(n, st);
 }
 
 /// Releases whole free chunks, highest address first, until free memory is at most `keep`.

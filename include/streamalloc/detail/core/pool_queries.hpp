@@ -42,7 +42,6 @@ pool_statistics pool_core<Backend>::statistics() {
   s.graph_reserved_high = graphs_.high();
   s.graph_allocations = graphs_.blocks();
   s.graphs = graphs_.segments();
-  s.waits_before_growing = waits_before_growing_;
   return s;
 }
 

@@ -18,8 +18,7 @@ namespace streamalloc::detail {
 /// source that has one. Throws core_out_of_memory when none has.
 /// `may_wait`: waiting on another stream's frees (internal dependencies) is a source.
 template <pool_backend Backend>
-block* pool_core<Backend>::find_memory(std::uint64_t n, state& st, stream_key s, placement where, bool may_wait,
-                                       own_frees_wait* wait) {
+block* pool_core<Backend>::find_memory(std::uint64_t n, state& st, stream_key s, placement where, bool may_wait) {
   block* b = find_usable(n, st);
   if (b == nullptr) {
     // Others' cached frees, and whatever completed since we last looked.
@@ -30,17 +29,6 @@ block* pool_core<Backend>::find_memory(std::uint64_t n, state& st, stream_key s,
   }
   if (b == nullptr) b = join_adjacent(n, st);
   if (b == nullptr) b = defragment(n, st);
-  if (b == nullptr && wait != nullptr && wait_before_growing_pays(n, st, s)) {
-    // Frees stamped up to `point` come before the event; once it has run they are complete,
-    // and the second look (the caller's) finds them clear, to be remapped. An event that cannot
-    // be recorded leaves the request to grow, as without the policy.
-    wait->point = st.record->begin_synchronize();
-    try {
-      wait->ev = backend_.record(s);
-      return nullptr;
-    } catch (const std::exception&) {
-    }
-  }
   if (b == nullptr) b = defragment_and_grow(n, st);
   if (b == nullptr) b = grow(n, st, where);
   if (b == nullptr && may_wait) b = wait_for_pending(n, st, s);
@@ -55,35 +43,6 @@ block* pool_core<Backend>::find_memory(std::uint64_t n, state& st, stream_key s,
     throw e;
   }
   return b;
-}
-
-/// Waiting only pays where it makes chunks movable: counting the stream's pending bytes
-/// instead (at least half the request), a ResNet-50 training trace waited five times and grew
-/// after every wait, its pending frees scattered over chunks that live blocks also held.
-template <pool_backend Backend>
-bool pool_core<Backend>::wait_before_growing_pays(std::uint64_t n, const state& st, const stream_key& s) {
-  return options_.reuse.wait_before_growing && n >= options_.chunk_size && s.native != nullptr &&
-         st.newest_stamp > st.record->completed() && own_frees_free_chunks(st) != 0;
-}
-
-template <pool_backend Backend>
-std::uint64_t pool_core<Backend>::own_frees_free_chunks(const state& st) {
-  std::uint64_t bytes = 0;
-  for (const auto& [va, c] : space_.chunks()) {
-    const std::uint64_t end = va + c.size;
-    bool all_free = true, some_pending = false;
-    for (block* b = chain_.at_or_before(va); b != nullptr && b->addr < end; b = b->next_addr) {
-      const block_state bs = state_of(b);
-      if (bs == block_state::pending && b->bins == &st.pending) {
-        some_pending = true;
-      } else if (bs != block_state::clear || b->bins != &clear_) {
-        all_free = false;
-        break;
-      }
-    }
-    if (all_free && some_pending) bytes += c.size;
-  }
-  return bytes;
 }
 
 /// Best fit among the blocks `st` may use: clear ones, its own, and others' it is ordered

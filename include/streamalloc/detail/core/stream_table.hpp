@@ -49,6 +49,7 @@ struct alignas(128) stream_state {
     newest_stamp = 0;
     pending_floor = 0;
     held_frees = 0;
+    aliases = 0;
     uncovered_bytes.store(0, std::memory_order_relaxed);
     live_bytes.store(0, std::memory_order_relaxed);
     live_count.store(0, std::memory_order_relaxed);
@@ -73,8 +74,11 @@ struct alignas(128) stream_state {
   /// but their stamps need covering as theirs do, and the state must stay until the holder
   /// gives them back. Under the pool lock.
   std::uint32_t held_frees = 0;
+  /// Chunks moved elsewhere while frees on this stream still cover their old addresses, which
+  /// stay mapped until those frees are known complete (pool_remap.hpp). Under the pool lock.
+  std::uint32_t aliases = 0;
   /// Frees on this stream not yet known complete, or whose completion is still to be learned.
-  [[nodiscard]] bool has_frees() const noexcept { return !pending.empty() || held_frees != 0; }
+  [[nodiscard]] bool has_frees() const noexcept { return !pending.empty() || held_frees != 0 || aliases != 0; }
   /// Bytes freed on this stream since the pool last recorded an event on it: for a stream
   /// whose handle the pool may not use later, what would wait for a device-wide
   /// synchronization if the stream were destroyed now (pool_core.hpp, deallocate). Relaxed:

@@ -100,7 +100,6 @@ inline std::string snapshot_json(int device, const pool_properties& props, const
   w.field("follow_event_dependencies", props.reuse.follow_event_dependencies);
   w.field("opportunistic", props.reuse.opportunistic);
   w.field("internal_dependencies", props.reuse.internal_dependencies);
-  w.field("wait_before_growing", props.reuse.wait_before_growing);
   w.close('}');
   w.close('}');
   w.open("statistics", '{');
@@ -119,7 +118,6 @@ inline std::string snapshot_json(int device, const pool_properties& props, const
   w.field("graph_reserved_high", s.graph_reserved_high);
   w.field("graph_allocations", s.graph_allocations);
   w.field("graphs", s.graphs);
-  w.field("waits_before_growing", s.waits_before_growing);
   w.close('}');
   if (mem.known) {
     w.open("device_memory", '{');
