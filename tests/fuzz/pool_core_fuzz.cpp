@@ -287,6 +287,13 @@ class harness {
     for (const auto& [old, mapped] : sim.dev->mapped_handle) {
       if (mapped != hd) continue;
       TRACE("  pool: [%#llx, +%llu) mapped again at %#llx", ull(old), ull(bytes), ull(va));
+      // Only free memory may be mapped again: a live block there would share its physical
+      // memory with whatever the new addresses are given to.
+      for (const auto& [a, l] : live_) {
+        if (overlaps(old, bytes, l.addr, l.size))
+          fail("mapping [%#llx, +%llu) again at %#llx under the live block [%#llx, +%llu) of stream %zu", ull(old),
+               ull(bytes), ull(va), ull(l.addr), ull(l.size), l.owner);
+      }
       std::vector<freed> moved;
       for (const freed& f : history_) {
         if (streams_[f.stream].done >= f.op || !overlaps(old, bytes, f.addr, f.size)) continue;

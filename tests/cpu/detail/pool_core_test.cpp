@@ -481,6 +481,39 @@ TEST_CASE("aliases still mapped at their old addresses are unmapped before a clo
   (void)q;
 }
 
+TEST_CASE("an alias of frees with different stamps stays mapped until the newest has run") {
+  // One chunk holds two of s's frees kept apart by an event between them: A's, covered by the
+  // event, and B's, newer. When the event completes, A's old addresses may still be read by
+  // nothing, but B's may: the chunk's old mapping must wait for B's free, the newest.
+  core_options o;
+  o.chunk_size = 2 * MiB;
+  o.release_threshold = ~0ull;
+  fixture f(o);
+  auto s = make_stream();
+  const auto a = f.pool->allocate(1 * MiB, s.key());
+  const auto b = f.pool->allocate(1 * MiB, s.key());
+  const auto l = f.pool->allocate(2 * MiB, s.key());
+  const auto x = f.pool->allocate(2 * MiB, s.key());
+  const auto l2 = f.pool->allocate(2 * MiB, s.key());
+  REQUIRE(b == a + 1 * MiB);  // a and b share the first chunk
+  f.dev->busy.insert(s.native);
+  f.pool->deallocate(x, s.key());
+  f.pool->deallocate(a, s.key());
+  (void)f.pool->frees_in_flight();  // an event on s covering the frees of a and x
+  f.pool->deallocate(b, s.key());   // newer than the event
+  f.dev->streams[s.native].completed = 0;
+  const auto q = f.pool->allocate(4 * MiB, s.key());  // the chunks of a+b and of x, moved
+  CHECK(f.pool->statistics().remapped_chunks == 2);
+  f.dev->streams[s.native].completed = 1;  // the event has run; b's free has not
+  f.pool->trim_to(~0ull);
+  CHECK(f.dev->is_mapped(a, 2 * MiB));  // b's free may still run there
+  for (const auto p : {q, l, l2}) f.pool->deallocate(p, s.key());
+  host_sync(*f.dev, s);
+  f.pool->trim_to(0);
+  CHECK_FALSE(f.dev->is_mapped(a, 2 * MiB));
+  CHECK(f.dev->mapped.empty());
+}
+
 TEST_CASE("no alias when the stream's frees leave a live block in every chunk: the pool grows") {
   core_options o;
   o.chunk_size = 2 * MiB;
