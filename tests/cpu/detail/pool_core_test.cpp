@@ -38,6 +38,15 @@ struct fixture {
   ~fixture() { pool->shutdown(); }
 };
 
+/// 2 MiB chunks, the granularity, and nothing released at synchronizations: the chunks a case
+/// frees stay for defragmentation to move.
+core_options movable_chunks() {
+  core_options o;
+  o.chunk_size = 2 * MiB;
+  o.release_threshold = ~0ull;
+  return o;
+}
+
 /// A host synchronization of stream s, as streamalloc's stream::synchronize does it.
 void host_sync(sim_device& dev, test_stream s) {
   const auto epoch = s.record->begin_synchronize();
@@ -413,10 +422,7 @@ TEST_CASE("defragmentation and growth: free chunks remapped next to a new handle
 }
 
 TEST_CASE("a stream's own frees, not yet run, move as aliases: its large request remaps them without waiting") {
-  core_options o;
-  o.chunk_size = 2 * MiB;
-  o.release_threshold = ~0ull;
-  fixture f(o);
+  fixture f(movable_chunks());
   auto s = make_stream(), other = make_stream();
   std::vector<std::uint64_t> p;
   for (int i = 0; i < 4; ++i) p.push_back(f.pool->allocate(2 * MiB, s.key()));
@@ -461,10 +467,7 @@ TEST_CASE("a stream's own frees, not yet run, move as aliases: its large request
 }
 
 TEST_CASE("aliases still mapped at their old addresses are unmapped before a closing pool releases them") {
-  core_options o;
-  o.chunk_size = 2 * MiB;
-  o.release_threshold = ~0ull;
-  fixture f(o);
+  fixture f(movable_chunks());
   auto s = make_stream();
   std::vector<std::uint64_t> p;
   for (int i = 0; i < 4; ++i) p.push_back(f.pool->allocate(2 * MiB, s.key()));
@@ -485,10 +488,7 @@ TEST_CASE("an alias of frees with different stamps stays mapped until the newest
   // One chunk holds two of s's frees kept apart by an event between them: A's, covered by the
   // event, and B's, newer. When the event completes, A's old addresses may still be read by
   // nothing, but B's may: the chunk's old mapping must wait for B's free, the newest.
-  core_options o;
-  o.chunk_size = 2 * MiB;
-  o.release_threshold = ~0ull;
-  fixture f(o);
+  fixture f(movable_chunks());
   auto s = make_stream();
   const auto a = f.pool->allocate(1 * MiB, s.key());
   const auto b = f.pool->allocate(1 * MiB, s.key());
@@ -515,10 +515,7 @@ TEST_CASE("an alias of frees with different stamps stays mapped until the newest
 }
 
 TEST_CASE("no alias when the stream's frees leave a live block in every chunk: the pool grows") {
-  core_options o;
-  o.chunk_size = 2 * MiB;
-  o.release_threshold = ~0ull;
-  fixture f(o);
+  fixture f(movable_chunks());
   auto s = make_stream();
   std::vector<std::uint64_t> p;
   for (int i = 0; i < 8; ++i) p.push_back(f.pool->allocate(1 * MiB, s.key()));  // two per chunk
