@@ -675,8 +675,10 @@ class harness {
       case 0: case 1: case 2: case 3: case 4: case 5: case 6: case 7: {
         const std::size_t s = pick_stream(in_.byte());
         const std::uint64_t bytes = size_from_input();
-        const auto where = (in_.byte() & 1) ? streamalloc::placement::room_to_grow : streamalloc::placement::packed;
-        if (s != none) allocate(s, bytes, where);
+        const std::uint8_t w = in_.byte();
+        const auto where = (w & 1) ? streamalloc::placement::room_to_grow : streamalloc::placement::packed;
+        // One request in 16: the driver refuses the first mapping it asks for (short of memory).
+        if (s != none) allocate(s, bytes, where, (w & 0xf0) == 0xf0);
         break;
       }
       case 8: case 9: case 10: case 11: case 12: case 13: free_live(); break;
@@ -786,7 +788,7 @@ class harness {
     }
   }
 
-  void allocate(std::size_t s, std::uint64_t bytes, streamalloc::placement where) {
+  void allocate(std::size_t s, std::uint64_t bytes, streamalloc::placement where, bool refuse_a_map = false) {
     if (bytes > pool_front_limit) {
       TRACE("allocate(%llu) on stream %zu: refused by the pool before the core", ull(bytes), s);
       return;
@@ -796,17 +798,29 @@ class harness {
           s);
     std::uint64_t p = 0;
     current_ = key_of(s);
+    if (refuse_a_map) TRACE("  the driver refuses the next mapping");
+    dev_->refuse_maps = refuse_a_map ? 1 : 0;
     try {
       p = pool_->allocate(bytes, key_of(s), where);
     } catch (const core_out_of_memory& e) {
       current_ = {};
+      dev_->refuse_maps = 0;
       TRACE("  out of memory: %s", e.reason.c_str());
+      // A refused mapping may cost the pool the chunk it was moving (it goes back to the
+      // device), never the ability to grow: the usual check holds.
       check_out_of_memory(n, e);
+      return;
+    } catch (const std::runtime_error& e) {
+      current_ = {};
+      // Growth whose mapping is refused fails with the driver's error, as it would on its own.
+      if (!refuse_a_map || dev_->refuse_maps != 0) fail("allocate(%llu) on stream %zu threw %s", ull(bytes), s, e.what());
+      TRACE("  the refusal reached the caller: %s", e.what());
       return;
     } catch (const std::exception& e) {
       fail("allocate(%llu) on stream %zu threw %s", ull(bytes), s, e.what());
     }
     current_ = {};
+    dev_->refuse_maps = 0;
     const auto got = pool_->find_live(p);
     if (!got || got->first != p) fail("allocate(%llu) returned %#llx, not a live block's start", ull(bytes), ull(p));
     const std::uint64_t size = got->second;
@@ -1094,6 +1108,8 @@ CUresult fuzz_backend::create(std::uint64_t bytes, handle& out) {
   return sim_call("create", [&] { return sim.create(bytes, out); });
 }
 void fuzz_backend::map(std::uint64_t va, std::uint64_t bytes, handle& hd) {
+  // A refused mapping maps nothing: it throws here, before the model hears of a mapping.
+  if (sim.dev->refuse_maps != 0) sim_call("map", [&] { sim.map(va, bytes, hd); });
   h->on_map(va, bytes, hd, sim);
   sim_call("map", [&] { sim.map(va, bytes, hd); });
 }

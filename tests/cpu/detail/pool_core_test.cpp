@@ -531,6 +531,122 @@ TEST_CASE("no alias when the stream's frees leave a live block in every chunk: t
   f.dev->run_all();
 }
 
+namespace {
+/// Once every block is freed and every stream has run: the pool gives all memory back, and
+/// each of its reservations is whole again (a request of a reservation's size lands at its
+/// base, with no new reservation): nothing mapped, held or addressed was lost on the way.
+void check_nothing_lost(fixture& f, std::initializer_list<test_stream*> streams) {
+  for (test_stream* s : streams) host_sync(*f.dev, *s);
+  f.pool->trim_to(0);
+  CHECK(f.pool->statistics().reserved_current == 0);
+  CHECK(f.dev->mapped.empty());
+  CHECK(f.dev->handles.empty());
+  const auto reserved = f.pool->addresses_reserved();
+  auto s = make_stream();
+  for (const auto& [base, size] : f.pool->reservations()) {
+    const auto q = f.pool->allocate(size, s.key());
+    CHECK(q == base);
+    f.pool->deallocate(q, s.key());
+    host_sync(*f.dev, s);
+    f.pool->trim_to(0);
+  }
+  CHECK(f.pool->addresses_reserved() == reserved);
+}
+}  // namespace
+
+TEST_CASE("a mapping refused while defragmenting: the request is served by growth, nothing lost") {
+  fixture f(movable_chunks());
+  auto s = make_stream();
+  std::vector<std::uint64_t> p;
+  for (int i = 0; i < 4; ++i) p.push_back(f.pool->allocate(2 * MiB, s.key()));
+  f.pool->deallocate(p[0], s.key());
+  f.pool->deallocate(p[2], s.key());
+  host_sync(*f.dev, s);
+  // Two clear chunks in two holes; the first one's new mapping is refused. Its memory goes back
+  // to the device, and the other chunk moves next to 2 MiB of new memory instead.
+  f.dev->refuse_maps = 1;
+  const auto q = f.pool->allocate(4 * MiB, s.key());
+  CHECK(f.dev->refuse_maps == 0);
+  CHECK(f.dev->is_mapped(q, 4 * MiB));
+  const auto st = f.pool->statistics();
+  CHECK(st.remapped_chunks == 1);
+  CHECK(st.reserved_current == 8 * MiB);
+  CHECK(f.dev->handles.size() == 4);
+  CHECK(f.dev->is_mapped(p[1], 2 * MiB));
+  CHECK(f.dev->is_mapped(p[3], 2 * MiB));
+  for (const auto x : {q, p[1], p[3]}) f.pool->deallocate(x, s.key());
+  check_nothing_lost(f, {&s});
+}
+
+TEST_CASE("a mapping refused while moving a stream's own frees as aliases: they stay, the pool grows") {
+  fixture f(movable_chunks());
+  auto s = make_stream();
+  std::vector<std::uint64_t> p;
+  for (int i = 0; i < 4; ++i) p.push_back(f.pool->allocate(2 * MiB, s.key()));
+  const std::uint64_t h0 = f.dev->mapped_handle.at(p[0]), h2 = f.dev->mapped_handle.at(p[2]);
+  f.dev->busy.insert(s.native);  // s's frees have not run
+  f.pool->deallocate(p[0], s.key());
+  f.pool->deallocate(p[2], s.key());
+  f.dev->refuse_maps = 1;
+  const auto held = f.pool->statistics().reserved_current;
+  const auto q = f.pool->allocate(6 * MiB, s.key());
+  CHECK(f.dev->refuse_maps == 0);
+  CHECK(f.dev->is_mapped(q, 6 * MiB));
+  CHECK(f.pool->statistics().remapped_chunks == 0);
+  CHECK(f.pool->statistics().reserved_current == held + 6 * MiB);
+  for (std::uint64_t at = q; at < q + 6 * MiB; at += 2 * MiB) {
+    CHECK(f.dev->mapped_handle.at(at) != h0);  // the refused alias left no second mapping
+    CHECK(f.dev->mapped_handle.at(at) != h2);
+  }
+  CHECK(f.dev->is_mapped(p[0], 2 * MiB));  // s's frees may still run there
+  CHECK(f.dev->is_mapped(p[2], 2 * MiB));
+  f.dev->busy.erase(s.native);
+  for (const auto x : {q, p[1], p[3]}) f.pool->deallocate(x, s.key());
+  check_nothing_lost(f, {&s});
+}
+
+TEST_CASE("a refused mapping of the new memory beside moved chunks: the error reaches the caller, nothing lost") {
+  fixture f(movable_chunks());
+  auto s = make_stream(), other = make_stream();
+  std::vector<std::uint64_t> p;
+  for (int i = 0; i < 4; ++i) p.push_back(f.pool->allocate(2 * MiB, s.key()));
+  f.pool->deallocate(p[0], s.key());
+  f.pool->deallocate(p[2], s.key());
+  host_sync(*f.dev, s);
+  // 6 MiB: the two clear chunks move (refused: the first), then the new memory after them is
+  // refused too. Growth fails as it would on its own: the driver's error is thrown.
+  f.dev->refuse_maps = 2;
+  CHECK_THROWS_AS((void)f.pool->allocate(6 * MiB, other.key()), std::runtime_error);
+  CHECK(f.dev->refuse_maps == 0);
+  CHECK(f.dev->is_mapped(p[1], 2 * MiB));
+  CHECK(f.dev->is_mapped(p[3], 2 * MiB));
+  // The pool still serves the request once the driver maps again.
+  const auto q = f.pool->allocate(6 * MiB, other.key());
+  CHECK(f.dev->is_mapped(q, 6 * MiB));
+  f.pool->deallocate(q, other.key());
+  for (const auto x : {p[1], p[3]}) f.pool->deallocate(x, s.key());
+  check_nothing_lost(f, {&s, &other});
+}
+
+TEST_CASE("growth whose mapping is refused: the error reaches the caller, the unmapped chunks go back") {
+  fixture f(movable_chunks());
+  auto s = make_stream();
+  f.dev->refuse_maps = 1;  // a 6 MiB request grows by three 2 MiB chunks: the first is refused
+  CHECK_THROWS_AS((void)f.pool->allocate(6 * MiB, s.key()), std::runtime_error);
+  CHECK(f.dev->handles.empty());
+  CHECK(f.pool->statistics().reserved_current == 0);
+  const auto p = f.pool->allocate(6 * MiB, s.key());
+  CHECK(f.dev->is_mapped(p, 6 * MiB));
+  // grow_in_place says no, changing nothing, when the mapping behind the block is refused.
+  f.dev->refuse_maps = 2;  // it tries twice: again after learning what completed
+  CHECK(f.pool->grow_in_place(p, 10 * MiB, s.key()) == 0);
+  CHECK(f.dev->refuse_maps == 0);
+  CHECK(f.pool->statistics().reserved_current == 6 * MiB);
+  CHECK(f.pool->grow_in_place(p, 10 * MiB, s.key()) == 10 * MiB);
+  f.pool->deallocate(p, s.key());
+  check_nothing_lost(f, {&s});
+}
+
 TEST_CASE("the limit and the device's memory end in core_out_of_memory, with the state named") {
   core_options o;
   o.max_size = 64 * MiB;

@@ -604,6 +604,8 @@ class pool_core final : public completion_listener {
   block* extendable_tail(state& st, std::uint64_t n, std::uint64_t unit);
   /// Maps `c` at `va` as a free block of `bins`, merged with a free neighbour before it.
   block* place_chunk(std::uint64_t va, chunk c, free_bins* bins, state* st);
+  /// Puts [va, va + size), just mapped, in the address chain as a free block of `bins`.
+  block* place_mapped(std::uint64_t va, std::uint64_t size, free_bins* bins, state* st);
   /// New physical memory for a request of `n` bytes on `st`; null when the limit or device says no.
   block* grow(std::uint64_t n, state& st, placement where, bool again = false);
   /// Live block `b` made `n` bytes long in place; false, changing nothing, when it cannot be.
@@ -621,7 +623,8 @@ class pool_core final : public completion_listener {
   std::vector<free_chunk> free_chunks(const state* own = nullptr);
   /// Cuts [va, va + size) out of the free blocks covering it and out of the address chain.
   void cut_out(std::uint64_t va, std::uint64_t size);
-  /// Moves whole free chunks next to each other from `dst`; the address after them.
+  /// Moves whole free chunks next to each other from `dst`, stopping at one whose mapping the
+  /// driver refuses; the address after the last moved.
   std::uint64_t remap_to(std::uint64_t dst, const std::vector<free_chunk>& chunks, state& st);
   /// Unmaps the old mappings of `st`'s aliased chunks whose frees are known complete.
   void unmap_aliases(state& st) noexcept;

@@ -34,6 +34,12 @@ template <pool_backend Backend>
 block* pool_core<Backend>::place_chunk(std::uint64_t va, chunk c, free_bins* bins, state* st) {
   const std::uint64_t size = c.size;
   space_.map(va, std::move(c));
+  return place_mapped(va, size, bins, st);
+}
+
+/// Puts [va, va + size), just mapped, in the address chain as a free block of `bins`.
+template <pool_backend Backend>
+block* pool_core<Backend>::place_mapped(std::uint64_t va, std::uint64_t size, free_bins* bins, state* st) {
   block* b = chain_.place(va, size);
   if (bins == &clear_) {
     set_state(b, block_state::clear);
@@ -130,7 +136,16 @@ block* pool_core<Backend>::grow(std::uint64_t n, state& st, placement where, boo
   free_bins* bins = (tail != nullptr && tail->bins == &st.pending) ? &st.pending : &clear_;
   std::uint64_t at = *va;
   for (std::size_t i = 0; i < sizes.size(); ++i) {
-    place_chunk(at, chunk{sizes[i], std::move(handles[i])}, bins, &st);
+    try {
+      space_.map(at, chunk{sizes[i], std::move(handles[i])});  // refused: this one goes back
+    } catch (...) {
+      // The chunks mapped so far stay as free memory; the rest go back to the device, and
+      // their addresses to the free ranges. The caller hears the driver's error.
+      for (std::size_t j = i + 1; j < sizes.size(); ++j) space_.release(chunk{sizes[j], std::move(handles[j])});
+      space_.free_addresses().give_back(at, *va + total - at);
+      throw;
+    }
+    place_mapped(at, sizes[i], bins, &st);
     at += sizes[i];
   }
   return find_usable(n, st);
@@ -184,7 +199,7 @@ std::uint64_t pool_core<Backend>::shrink_in_place(std::uint64_t p, std::uint64_t
 /// Extends live block `b` to `n` bytes with the free blocks after it that `st` may use,
 /// mapping new physical memory at the end of its run if they fall short. False, changing
 /// nothing, when a block in the way is live or not usable, or the addresses after the run
-/// are taken, or the pool is at its limit or the device out of memory.
+/// are taken, or the pool is at its limit, or the device is out of memory or refuses the mapping.
 template <pool_backend Backend>
 bool pool_core<Backend>::extend(block* b, std::uint64_t n, state& st) {
   auto usable = [&](block* x) {
@@ -217,8 +232,14 @@ bool pool_core<Backend>::extend(block* b, std::uint64_t n, state& st) {
     if (backend_.create(bytes, h) != CUDA_SUCCESS) return false;
     (void)space_.free_addresses().take_at(bytes, end);  // room was checked under the same lock
     space_.note_growth(bytes);
+    try {
+      space_.map(end, chunk{bytes, std::move(h)});  // refused: the memory goes back to the device
+    } catch (const std::runtime_error&) {
+      space_.free_addresses().give_back(end, bytes);
+      return false;  // as when the device is out of memory
+    }
     if (history_.on()) [[unlikely]] history_.note(history_op::grow, st.record->id(), end, bytes);
-    place_chunk(end, chunk{bytes, std::move(h)}, &clear_, &st);
+    place_mapped(end, bytes, &clear_, &st);
   }
   // Absorb the blocks after `b`, splitting the last one.
   while (b->size < n) {

@@ -19,7 +19,7 @@
 
 namespace streamalloc::detail {
 
-/// The chunks lying wholly inside free blocks that may be moved. Without `own`: clear blocks
+/// The chunks wholly covered by free blocks that may be moved. Without `own`: clear blocks
 /// only (only memory known to be unused may be unmapped: remapping memory a kernel still reads
 /// would fault). With `own`: also those wholly covered by clear blocks and `own`'s pending
 /// ones, which move as aliases (their stamp: the newest of those frees). A chunk still mapped
@@ -27,28 +27,25 @@ namespace streamalloc::detail {
 template <pool_backend Backend>
 auto pool_core<Backend>::free_chunks(const state* own) -> std::vector<free_chunk> {
   std::vector<free_chunk> out;
+  const bool may_alias = own != nullptr && !exported_.load(std::memory_order_relaxed);
   for (auto& [va, c] : space_.chunks()) {
     if (c.aliases != 0) continue;
     block* b = chain_.at_or_before(va);
     if (b == nullptr) continue;  // never: the chunk is mapped, so a block covers its start
-    if (state_of(b) == block_state::clear && b->addr <= va && b->addr + b->size >= va + c.size) {
-      out.push_back({va, c.size, b->size, 0});
-      continue;
-    }
-    if (own == nullptr || exported_.load(std::memory_order_relaxed)) continue;
     const std::uint64_t end = va + c.size;
     std::uint64_t stamp = 0;
     bool free = true;
     for (block* x = b; x != nullptr && x->addr < end; x = x->next_addr) {
       const block_state s = state_of(x);
-      if (s == block_state::pending && x->bins == &own->pending) {
+      if (s == block_state::clear && x->bins == &clear_) continue;
+      if (may_alias && s == block_state::pending && x->bins == &own->pending) {
         stamp = std::max<std::uint64_t>(stamp, std::max<std::uint64_t>(x->stamp, 1));
-      } else if (s != block_state::clear || x->bins != &clear_) {
-        free = false;
-        break;
+        continue;
       }
+      free = false;
+      break;
     }
-    if (free && stamp != 0) out.push_back({va, c.size, b->size, stamp});
+    if (free) out.push_back({va, c.size, b->size, stamp});
   }
   return out;
 }
@@ -96,12 +93,25 @@ void pool_core<Backend>::cut_out(std::uint64_t va, std::uint64_t size) {
 /// its pending memory. Returns the address after the last.
 template <pool_backend Backend>
 std::uint64_t pool_core<Backend>::remap_to(std::uint64_t dst, const std::vector<free_chunk>& chunks, state& st) {
+  // The driver may refuse a mapping (cuMemMap and cuMemSetAccess need memory of their own, and
+  // defragmentation runs when the device is nearly full): the move stops there, and the request
+  // goes on to its next source with what did move. A runtime_error is such a refusal; a
+  // logic_error would be the pool's own bug and is not caught.
   for (const free_chunk& m : chunks) {
     if (m.stamp == 0) {
       cut_out(m.va, m.size);
-      place_chunk(dst, space_.unmap(m.va), &clear_, &st);
+      try {
+        space_.map(dst, space_.unmap(m.va));  // refused: the memory goes back to the device
+      } catch (const std::runtime_error&) {
+        return dst;
+      }
+      place_mapped(dst, m.size, &clear_, &st);
     } else {
-      space_.map_alias(m.va, dst, &st, m.stamp);  // first: if it fails, nothing has changed
+      try {
+        space_.map_alias(m.va, dst, &st, m.stamp);  // refused: nothing has changed
+      } catch (const std::runtime_error&) {
+        return dst;
+      }
       ++st.aliases;
       cut_out(m.va, m.size);
       block* b = chain_.place(dst, m.size);
@@ -184,7 +194,8 @@ block* pool_core<Backend>::defragment(std::uint64_t n, state& st) {
     at = space_.take_or_reserve(bytes);
     if (!at) return nullptr;
   }
-  (void)remap_to(*at, picked, st);
+  const std::uint64_t end = remap_to(*at, picked, st);
+  if (end != *at + bytes) space_.free_addresses().give_back(end, *at + bytes - end);  // refused
   return usable_after_remap(n, st);
 }
 
@@ -209,10 +220,18 @@ block* pool_core<Backend>::defragment_and_grow(std::uint64_t n, state& st) {
     backend_.release(h);
     return nullptr;
   }
-  const std::uint64_t dst = remap_to(*at, movable, st);
+  const std::uint64_t end = *at + total + need;
+  const std::uint64_t dst = remap_to(*at, movable, st);  // below `end - need` if a move was refused
   space_.note_growth(need);
+  try {
+    space_.map(dst, chunk{need, std::move(h)});  // refused: the memory goes back to the device
+  } catch (...) {
+    space_.free_addresses().give_back(dst, end - dst);
+    throw;
+  }
+  if (dst + need != end) space_.free_addresses().give_back(dst + need, end - dst - need);
   if (history_.on()) [[unlikely]] history_.note(history_op::grow, st.record->id(), dst, need);
-  place_chunk(dst, chunk{need, std::move(h)}, &clear_, &st);
+  place_mapped(dst, need, &clear_, &st);
   return usable_after_remap(n, st);
 }
 
