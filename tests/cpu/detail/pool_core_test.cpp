@@ -983,6 +983,37 @@ TEST_CASE("the process's addresses running out ends growth with core_out_of_memo
   f.pool->deallocate(q, s.key());
 }
 
+TEST_CASE("addresses held by aliases are named when a small address space runs out") {
+  core_options o = movable_chunks();
+  o.address_space = 16 * MiB;  // one reservation of eight chunks
+  fixture f(o);
+  auto s = make_stream();
+  std::vector<std::uint64_t> p;
+  for (int i = 0; i < 4; ++i) p.push_back(f.pool->allocate(2 * MiB, s.key()));
+  f.dev->busy.insert(s.native);  // s's frees have not run
+  f.pool->deallocate(p[0], s.key());
+  f.pool->deallocate(p[2], s.key());
+  const auto q = f.pool->allocate(4 * MiB, s.key());  // the two chunks, moved: 12 MiB of addresses taken
+  CHECK(f.pool->statistics().remapped_chunks == 2);
+  try {
+    (void)f.pool->allocate(6 * MiB, s.key());
+    FAIL("6 MiB fit in the 4 MiB of addresses left");
+  } catch (const core_out_of_memory& e) {
+    CHECK(e.reason.find("4194304 bytes of addresses held by chunks moved before the frees in them ran") !=
+          std::string::npos);
+  }
+  // Once s has run, the old addresses come back: 8 MiB of them, in three ranges.
+  host_sync(*f.dev, s);
+  f.pool->on_synchronize(s.record->id());
+  std::vector<std::uint64_t> more;
+  for (const std::uint64_t n : {4 * MiB, 2 * MiB, 2 * MiB}) {
+    more.push_back(f.pool->allocate(n, s.key()));
+    CHECK(f.dev->is_mapped(more.back(), n));
+  }
+  for (const auto x : {q, p[1], p[3], more[0], more[1], more[2]}) f.pool->deallocate(x, s.key());
+  check_nothing_lost(f, {&s});
+}
+
 TEST_CASE("grow_in_place: large allocations with room_to_grow have room after them, so several grow in turn") {
   fixture f;
   auto s = make_stream();

@@ -73,6 +73,13 @@ std::string pool_core<Backend>::describe_state() {
     if (by_stream.size() > 4) m += ", and " + std::to_string(by_stream.size() - 4) + " more streams";
     m += ")";
   }
+  // Addresses a pool with a small address_space may run short of: the old places of chunks a
+  // stream's frees moved from, kept mapped until those frees have run.
+  std::uint64_t aliased = 0;
+  for (const auto& a : space_.aliases()) aliased += a.size;
+  if (aliased != 0) {
+    m += ", " + std::to_string(aliased) + " bytes of addresses held by chunks moved before the frees in them ran";
+  }
   return m;
 }
 
