@@ -645,6 +645,7 @@ class harness {
     if (st.reserved_current != st.used_current + st.free_clear + st.free_pending)
       fail("reserved %llu != used %llu + free %llu + pending %llu", ull(st.reserved_current), ull(st.used_current),
            ull(st.free_clear), ull(st.free_pending));
+    if (!pool_->addresses_consistent()) fail("a free address range overlaps another, or a mapped chunk");
     if (pool_->options().max_size != 0 && st.reserved_high > pool_->options().max_size)
       fail("reserved reached %llu, above the limit %llu", ull(st.reserved_high), ull(pool_->options().max_size));
     // Frees known executed can never make a reuse illegal again.
@@ -677,8 +678,9 @@ class harness {
         const std::uint64_t bytes = size_from_input();
         const std::uint8_t w = in_.byte();
         const auto where = (w & 1) ? streamalloc::placement::room_to_grow : streamalloc::placement::packed;
-        // One request in 16: the driver refuses the first mapping it asks for (short of memory).
-        if (s != none) allocate(s, bytes, where, (w & 0xf0) == 0xf0);
+        // One request in 16: the driver refuses a mapping it asks for (short of memory), after
+        // letting 0 to 7 through.
+        if (s != none) allocate(s, bytes, where, (w & 0xf0) == 0xf0, (w >> 1) & 7);
         break;
       }
       case 8: case 9: case 10: case 11: case 12: case 13: free_live(); break;
@@ -788,7 +790,8 @@ class harness {
     }
   }
 
-  void allocate(std::size_t s, std::uint64_t bytes, streamalloc::placement where, bool refuse_a_map = false) {
+  void allocate(std::size_t s, std::uint64_t bytes, streamalloc::placement where, bool refuse_a_map = false,
+                unsigned maps_first = 0) {
     if (bytes > pool_front_limit) {
       TRACE("allocate(%llu) on stream %zu: refused by the pool before the core", ull(bytes), s);
       return;
@@ -798,13 +801,15 @@ class harness {
           s);
     std::uint64_t p = 0;
     current_ = key_of(s);
-    if (refuse_a_map) TRACE("  the driver refuses the next mapping");
+    if (refuse_a_map) TRACE("  the driver refuses a mapping after %u more", maps_first);
     dev_->refuse_maps = refuse_a_map ? 1 : 0;
+    dev_->maps_before_refusal = refuse_a_map ? maps_first : 0;
     try {
       p = pool_->allocate(bytes, key_of(s), where);
     } catch (const core_out_of_memory& e) {
       current_ = {};
       dev_->refuse_maps = 0;
+      dev_->maps_before_refusal = 0;
       TRACE("  out of memory: %s", e.reason.c_str());
       // A refused mapping may cost the pool the chunk it was moving (it goes back to the
       // device), never the ability to grow: the usual check holds.
@@ -821,6 +826,7 @@ class harness {
     }
     current_ = {};
     dev_->refuse_maps = 0;
+    dev_->maps_before_refusal = 0;
     const auto got = pool_->find_live(p);
     if (!got || got->first != p) fail("allocate(%llu) returned %#llx, not a live block's start", ull(bytes), ull(p));
     const std::uint64_t size = got->second;
@@ -1109,7 +1115,9 @@ CUresult fuzz_backend::create(std::uint64_t bytes, handle& out) {
 }
 void fuzz_backend::map(std::uint64_t va, std::uint64_t bytes, handle& hd) {
   // A refused mapping maps nothing: it throws here, before the model hears of a mapping.
-  if (sim.dev->refuse_maps != 0) sim_call("map", [&] { sim.map(va, bytes, hd); });
+  if (sim.dev->refuse_maps != 0 && sim.dev->maps_before_refusal == 0) {
+    sim_call("map", [&] { sim.map(va, bytes, hd); });
+  }
   h->on_map(va, bytes, hd, sim);
   sim_call("map", [&] { sim.map(va, bytes, hd); });
 }

@@ -32,7 +32,9 @@ struct sim_device {
   std::map<std::uint64_t, std::uint64_t> mapped_handle;  // va -> the handle mapped there
   std::map<std::uint64_t, std::uint64_t> reserved;  // reservation base -> size
   std::uint64_t addresses_left = ~0ull;             // the process's address space, as it runs out
-  std::uint64_t refuse_maps = 0;  // the next this many maps fail, as the driver's may when memory is short
+  // Maps refused, as the driver's may be when memory is short: after `maps_before_refusal`
+  // more succeed, the next `refuse_maps` fail.
+  std::uint64_t refuse_maps = 0, maps_before_refusal = 0;
   std::uint64_t creates = 0, releases = 0, maps = 0, unmaps = 0;
   // The calls the pool makes on its hot paths, each a driver call on a GPU (some 170 to 330 ns
   // on the H100 and H200): what a replay's host time there adds to the CPU model's.
@@ -138,7 +140,9 @@ struct sim_backend {
     if (next != dev->mapped.end() && next->first < va + bytes) throw std::logic_error("map: overlap");
     if (next != dev->mapped.begin() && std::prev(next)->first + std::prev(next)->second > va)
       throw std::logic_error("map: overlap");
-    if (dev->refuse_maps != 0) {
+    if (dev->refuse_maps != 0 && dev->maps_before_refusal != 0) {
+      --dev->maps_before_refusal;
+    } else if (dev->refuse_maps != 0) {
       --dev->refuse_maps;
       throw std::runtime_error("map: refused (simulated shortage)");
     }

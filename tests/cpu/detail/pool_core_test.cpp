@@ -534,23 +534,36 @@ TEST_CASE("no alias when the stream's frees leave a live block in every chunk: t
 namespace {
 /// Once every block is freed and every stream has run: the pool gives all memory back, and
 /// each of its reservations is whole again (a request of a reservation's size lands at its
-/// base, with no new reservation): nothing mapped, held or addressed was lost on the way.
+/// base, with no new reservation), and nothing else is free (with every reservation taken,
+/// one more request finds no address there: a range given back twice, or while mapped, would
+/// be handed out over a mapping, which the simulated device refuses as a misuse): nothing
+/// mapped, held or addressed was lost or doubled on the way.
 void check_nothing_lost(fixture& f, std::initializer_list<test_stream*> streams) {
+  CHECK(f.pool->addresses_consistent());
   for (test_stream* s : streams) host_sync(*f.dev, *s);
   f.pool->trim_to(0);
   CHECK(f.pool->statistics().reserved_current == 0);
   CHECK(f.dev->mapped.empty());
   CHECK(f.dev->handles.empty());
   const auto reserved = f.pool->addresses_reserved();
+  const auto reservations = f.pool->reservations();
   auto s = make_stream();
-  for (const auto& [base, size] : f.pool->reservations()) {
-    const auto q = f.pool->allocate(size, s.key());
-    CHECK(q == base);
-    f.pool->deallocate(q, s.key());
-    host_sync(*f.dev, s);
-    f.pool->trim_to(0);
+  std::vector<std::uint64_t> whole;
+  for (const auto& [base, size] : reservations) {
+    whole.push_back(f.pool->allocate(size, s.key()));
+    CHECK(whole.back() == base);
   }
   CHECK(f.pool->addresses_reserved() == reserved);
+  try {
+    const auto extra = f.pool->allocate(f.pool->granularity(), s.key());
+    for (const auto& [base, size] : reservations) CHECK((extra < base || extra >= base + size));
+    f.pool->deallocate(extra, s.key());
+  } catch (const core_out_of_memory&) {  // the address space is all reserved: as it should be
+  }
+  for (const auto q : whole) f.pool->deallocate(q, s.key());
+  host_sync(*f.dev, s);
+  f.pool->trim_to(0);
+  CHECK(f.dev->mapped.empty());
 }
 }  // namespace
 
@@ -645,6 +658,81 @@ TEST_CASE("growth whose mapping is refused: the error reaches the caller, the un
   CHECK(f.pool->grow_in_place(p, 10 * MiB, s.key()) == 10 * MiB);
   f.pool->deallocate(p, s.key());
   check_nothing_lost(f, {&s});
+}
+
+TEST_CASE("a mapping refused part-way: what was mapped stays, the rest goes back, nothing lost") {
+  fixture f(movable_chunks());
+  auto s = make_stream(), other = make_stream();
+  SUBCASE("growth: the second of three chunks refused") {
+    f.dev->maps_before_refusal = 1;
+    f.dev->refuse_maps = 1;
+    CHECK_THROWS_AS((void)f.pool->allocate(6 * MiB, s.key()), std::runtime_error);
+    CHECK(f.pool->addresses_consistent());
+    CHECK(f.dev->handles.size() == 1);  // the first, mapped, is the pool's free memory
+    CHECK(f.pool->statistics().reserved_current == 2 * MiB);
+    const auto p = f.pool->allocate(6 * MiB, s.key());
+    CHECK(f.dev->is_mapped(p, 6 * MiB));
+    f.pool->deallocate(p, s.key());
+    check_nothing_lost(f, {&s, &other});
+    return;
+  }
+  // Six chunks, three of them free and clear, in three holes between live blocks.
+  std::vector<std::uint64_t> p;
+  for (int i = 0; i < 6; ++i) p.push_back(f.pool->allocate(2 * MiB, s.key()));
+  auto finish = [&](std::initializer_list<std::uint64_t> more) {
+    CHECK(f.pool->addresses_consistent());
+    for (int i : {1, 3, 5}) CHECK(f.dev->is_mapped(p[static_cast<std::size_t>(i)], 2 * MiB));
+    f.dev->busy.clear();
+    for (int i : {1, 3, 5}) f.pool->deallocate(p[static_cast<std::size_t>(i)], s.key());
+    for (const auto x : more) f.pool->deallocate(x, s.key());
+    check_nothing_lost(f, {&s, &other});
+  };
+  SUBCASE("defragmenting for 6 MiB: the second of three moves refused") {
+    for (int i : {0, 2, 4}) f.pool->deallocate(p[static_cast<std::size_t>(i)], s.key());
+    host_sync(*f.dev, s);
+    f.dev->maps_before_refusal = 1;
+    f.dev->refuse_maps = 1;
+    const auto q = f.pool->allocate(6 * MiB, s.key());
+    CHECK(f.dev->refuse_maps == 0);
+    CHECK(f.dev->is_mapped(q, 6 * MiB));
+    // The refused chunk went back to the device; the two others moved next to 2 MiB of new memory.
+    CHECK(f.pool->statistics().reserved_current == 12 * MiB);
+    CHECK(f.dev->handles.size() == 6);
+    finish({q});
+  }
+  SUBCASE("defragmenting and growing for 8 MiB: the second move refused, so no new memory beside them") {
+    for (int i : {0, 2, 4}) f.pool->deallocate(p[static_cast<std::size_t>(i)], s.key());
+    host_sync(*f.dev, s);
+    f.dev->maps_before_refusal = 1;
+    f.dev->refuse_maps = 1;
+    const auto creates = f.dev->creates;
+    const auto q = f.pool->allocate(8 * MiB, other.key());
+    CHECK(f.dev->refuse_maps == 0);
+    CHECK(f.dev->is_mapped(q, 8 * MiB));
+    // One chunk moved, one went back; growth extended the moved one by three new chunks.
+    CHECK(f.pool->statistics().reserved_current == 16 * MiB);
+    CHECK(f.dev->creates == creates + 1 + 3);  // the handle made for the rest, released unmapped
+    f.pool->deallocate(q, other.key());
+    host_sync(*f.dev, other);
+    finish({});
+  }
+  SUBCASE("a clear chunk moved, then a stream's own pending one refused as an alias") {
+    f.pool->deallocate(p[0], s.key());
+    host_sync(*f.dev, s);
+    f.dev->busy.insert(s.native);  // s's later frees have not run
+    f.pool->deallocate(p[2], s.key());
+    f.pool->deallocate(p[4], s.key());
+    f.dev->maps_before_refusal = 1;
+    f.dev->refuse_maps = 1;
+    const auto q = f.pool->allocate(6 * MiB, s.key());
+    CHECK(f.dev->refuse_maps == 0);
+    CHECK(f.dev->is_mapped(q, 6 * MiB));
+    CHECK(f.pool->statistics().remapped_chunks == 1);
+    CHECK(f.dev->is_mapped(p[2], 2 * MiB));  // not moved: s's frees may still run there
+    CHECK(f.dev->is_mapped(p[4], 2 * MiB));
+    CHECK(f.dev->mapped.size() == 6 + 2);   // no alias: six chunks where they were or moved, two new
+    finish({q});
+  }
 }
 
 TEST_CASE("the limit and the device's memory end in core_out_of_memory, with the state named") {

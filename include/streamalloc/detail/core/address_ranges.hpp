@@ -161,6 +161,8 @@ class address_ranges {
   }
 
   /// The longest range.
+  /// The free ranges, start -> size (for checks).
+  [[nodiscard]] const std::map<std::uint64_t, std::uint64_t>& ranges() const noexcept { return free_; }
   [[nodiscard]] std::uint64_t largest() const noexcept {
     std::uint64_t l = 0;
     for (const auto& [start, size] : free_) l = std::max(l, size);

@@ -15,6 +15,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <optional>
 #include <utility>
@@ -205,6 +206,29 @@ class chunk_space {
 
   /// The mapped chunks by address.
   [[nodiscard]] const std::map<std::uint64_t, chunk>& chunks() const noexcept { return chunks_; }
+  /// For tests: are the free addresses disjoint from each other and from every mapping of a
+  /// chunk (aliases' earlier places included)? A range given back twice, or while mapped there,
+  /// would be handed out over a mapping.
+  [[nodiscard]] bool addresses_consistent() const {
+    const auto& ranges = free_.ranges();
+    std::uint64_t end = 0;
+    for (const auto& [at, size] : ranges) {
+      if (at < end) return false;
+      end = at + size;
+    }
+    auto overlaps_free = [&](std::uint64_t va, std::uint64_t size) {
+      auto it = ranges.upper_bound(va);  // the first range starting after va
+      if (it != ranges.end() && it->first < va + size) return true;
+      return it != ranges.begin() && std::prev(it)->first + std::prev(it)->second > va;
+    };
+    for (const auto& [va, c] : chunks_) {
+      if (overlaps_free(va, c.size)) return false;
+    }
+    for (const alias& a : aliases_) {
+      if (overlaps_free(a.va, a.size)) return false;
+    }
+    return true;
+  }
 
   // --- counters --------------------------------------------------------------------------------
 

@@ -186,6 +186,11 @@ class pool_core final : public completion_listener {
     return space_.refused_reservation();
   }
   [[nodiscard]] bool owns(std::uint64_t p) const noexcept { return space_.owns(p); }
+  /// For tests: no free address overlaps another or a mapped chunk (chunk_space).
+  [[nodiscard]] bool addresses_consistent() {
+    std::lock_guard lock(mutex_);
+    return space_.addresses_consistent();
+  }
   Backend& backend() noexcept { return backend_; }
 
   /// What the pool holds now (pool_snapshot.hpp).
@@ -602,8 +607,6 @@ class pool_core final : public completion_listener {
 
   /// The free block `st` may use that ends a mapped run with room to grow after it.
   block* extendable_tail(state& st, std::uint64_t n, std::uint64_t unit);
-  /// Maps `c` at `va` as a free block of `bins`, merged with a free neighbour before it.
-  block* place_chunk(std::uint64_t va, chunk c, free_bins* bins, state* st);
   /// Puts [va, va + size), just mapped, in the address chain as a free block of `bins`.
   block* place_mapped(std::uint64_t va, std::uint64_t size, free_bins* bins, state* st);
   /// New physical memory for a request of `n` bytes on `st`; null when the limit or device says no.
@@ -623,9 +626,11 @@ class pool_core final : public completion_listener {
   std::vector<free_chunk> free_chunks(const state* own = nullptr);
   /// Cuts [va, va + size) out of the free blocks covering it and out of the address chain.
   void cut_out(std::uint64_t va, std::uint64_t size);
-  /// Moves whole free chunks next to each other from `dst`, stopping at one whose mapping the
-  /// driver refuses; the address after the last moved.
-  std::uint64_t remap_to(std::uint64_t dst, const std::vector<free_chunk>& chunks, state& st);
+  /// Moves whole free chunks next to each other from `dst`, which moves past each one mapped;
+  /// false when the driver refused a mapping (the move stops there).
+  bool remap_to(std::uint64_t& dst, const std::vector<free_chunk>& chunks, state& st);
+  /// Gives back [from, to), addresses taken for chunks that were not mapped there.
+  void give_back_unmapped(std::uint64_t from, std::uint64_t to);
   /// Unmaps the old mappings of `st`'s aliased chunks whose frees are known complete.
   void unmap_aliases(state& st) noexcept;
   /// The block serving `n` bytes on `st` after chunks moved: found, or joined.

@@ -28,15 +28,6 @@ block* pool_core<Backend>::extendable_tail(state& st, std::uint64_t n, std::uint
   return best;
 }
 
-/// Maps `c` at `va` and puts it in the address chain as a free block of `bins`, merged with a
-/// free neighbour before it.
-template <pool_backend Backend>
-block* pool_core<Backend>::place_chunk(std::uint64_t va, chunk c, free_bins* bins, state* st) {
-  const std::uint64_t size = c.size;
-  space_.map(va, std::move(c));
-  return place_mapped(va, size, bins, st);
-}
-
 /// Puts [va, va + size), just mapped, in the address chain as a free block of `bins`.
 template <pool_backend Backend>
 block* pool_core<Backend>::place_mapped(std::uint64_t va, std::uint64_t size, free_bins* bins, state* st) {
@@ -142,7 +133,7 @@ block* pool_core<Backend>::grow(std::uint64_t n, state& st, placement where, boo
       // The chunks mapped so far stay as free memory; the rest go back to the device, and
       // their addresses to the free ranges. The caller hears the driver's error.
       for (std::size_t j = i + 1; j < sizes.size(); ++j) space_.release(chunk{sizes[j], std::move(handles[j])});
-      space_.free_addresses().give_back(at, *va + total - at);
+      give_back_unmapped(at, *va + total);
       throw;
     }
     place_mapped(at, sizes[i], bins, &st);
@@ -235,8 +226,11 @@ bool pool_core<Backend>::extend(block* b, std::uint64_t n, state& st) {
     try {
       space_.map(end, chunk{bytes, std::move(h)});  // refused: the memory goes back to the device
     } catch (const std::runtime_error&) {
-      space_.free_addresses().give_back(end, bytes);
+      give_back_unmapped(end, end + bytes);
       return false;  // as when the device is out of memory
+    } catch (...) {
+      give_back_unmapped(end, end + bytes);
+      throw;
     }
     if (history_.on()) [[unlikely]] history_.note(history_op::grow, st.record->id(), end, bytes);
     place_mapped(end, bytes, &clear_, &st);

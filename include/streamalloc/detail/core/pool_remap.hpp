@@ -90,31 +90,36 @@ void pool_core<Backend>::cut_out(std::uint64_t va, std::uint64_t size) {
 
 /// Moves whole free chunks to consecutive addresses from `dst`: clear ones are remapped and
 /// join into clear free memory; `st`'s own pending ones are mapped there as aliases and join
-/// its pending memory. Returns the address after the last.
+/// its pending memory. `dst` moves past each chunk as soon as it is mapped there, so whatever
+/// happens, the addresses from `dst` on are unused. False when the driver refused a mapping.
 template <pool_backend Backend>
-std::uint64_t pool_core<Backend>::remap_to(std::uint64_t dst, const std::vector<free_chunk>& chunks, state& st) {
+bool pool_core<Backend>::remap_to(std::uint64_t& dst, const std::vector<free_chunk>& chunks, state& st) {
   // The driver may refuse a mapping (cuMemMap and cuMemSetAccess need memory of their own, and
   // defragmentation runs when the device is nearly full): the move stops there, and the request
-  // goes on to its next source with what did move. A runtime_error is such a refusal; a
-  // logic_error would be the pool's own bug and is not caught.
+  // goes on to its next source with what did move. A runtime_error is such a refusal (the
+  // backend's cuda_error is one); a logic_error would be the pool's own bug, and bad_alloc the
+  // host's shortage: those propagate.
   for (const free_chunk& m : chunks) {
+    const std::uint64_t at = dst;
     if (m.stamp == 0) {
       cut_out(m.va, m.size);
       try {
-        space_.map(dst, space_.unmap(m.va));  // refused: the memory goes back to the device
+        space_.map(at, space_.unmap(m.va));  // refused: the memory goes back to the device
       } catch (const std::runtime_error&) {
-        return dst;
+        return false;
       }
-      place_mapped(dst, m.size, &clear_, &st);
+      dst += m.size;
+      place_mapped(at, m.size, &clear_, &st);
     } else {
       try {
-        space_.map_alias(m.va, dst, &st, m.stamp);  // refused: nothing has changed
+        space_.map_alias(m.va, at, &st, m.stamp);  // refused: nothing has changed
       } catch (const std::runtime_error&) {
-        return dst;
+        return false;
       }
+      dst += m.size;
       ++st.aliases;
       cut_out(m.va, m.size);
-      block* b = chain_.place(dst, m.size);
+      block* b = chain_.place(at, m.size);
       set_state(b, block_state::pending);
       b->stream = st.record->id();
       b->stamp = m.stamp;  // ordered after the frees its memory came from
@@ -122,11 +127,16 @@ std::uint64_t pool_core<Backend>::remap_to(std::uint64_t dst, const std::vector<
       st.pending_floor = st.pending.empty() ? b->stamp : std::min(st.pending_floor, b->stamp);
       st.pending.insert(b);
     }
-    if (history_.on()) [[unlikely]] history_.note(history_op::remap, st.record->id(), dst, m.size);
-    dst += m.size;
+    if (history_.on()) [[unlikely]] history_.note(history_op::remap, st.record->id(), at, m.size);
     space_.note_remap();
   }
-  return dst;
+  return true;
+}
+
+/// Gives back [from, to), addresses taken for chunks that were not mapped there.
+template <pool_backend Backend>
+void pool_core<Backend>::give_back_unmapped(std::uint64_t from, std::uint64_t to) {
+  if (from != to) space_.free_addresses().give_back(from, to - from);
 }
 
 /// The earlier mappings of chunks moved as `st`'s aliases whose frees are now known complete:
@@ -194,8 +204,14 @@ block* pool_core<Backend>::defragment(std::uint64_t n, state& st) {
     at = space_.take_or_reserve(bytes);
     if (!at) return nullptr;
   }
-  const std::uint64_t end = remap_to(*at, picked, st);
-  if (end != *at + bytes) space_.free_addresses().give_back(end, *at + bytes - end);  // refused
+  std::uint64_t end = *at;
+  try {
+    (void)remap_to(end, picked, st);  // refused part-way: the request goes on with what moved
+  } catch (...) {
+    give_back_unmapped(end, *at + bytes);
+    throw;
+  }
+  give_back_unmapped(end, *at + bytes);
   return usable_after_remap(n, st);
 }
 
@@ -221,15 +237,27 @@ block* pool_core<Backend>::defragment_and_grow(std::uint64_t n, state& st) {
     return nullptr;
   }
   const std::uint64_t end = *at + total + need;
-  const std::uint64_t dst = remap_to(*at, movable, st);  // below `end - need` if a move was refused
+  std::uint64_t dst = *at;
+  bool moved = false;
+  try {
+    moved = remap_to(dst, movable, st);
+  } catch (...) {
+    backend_.release(h);
+    give_back_unmapped(dst, end);
+    throw;
+  }
+  if (!moved) {  // a mapping refused: what the new memory was sized for did not all move
+    backend_.release(h);
+    give_back_unmapped(dst, end);
+    return usable_after_remap(n, st);
+  }
   space_.note_growth(need);
   try {
     space_.map(dst, chunk{need, std::move(h)});  // refused: the memory goes back to the device
   } catch (...) {
-    space_.free_addresses().give_back(dst, end - dst);
+    give_back_unmapped(dst, end);
     throw;
   }
-  if (dst + need != end) space_.free_addresses().give_back(dst + need, end - dst - need);
   if (history_.on()) [[unlikely]] history_.note(history_op::grow, st.record->id(), dst, need);
   place_mapped(dst, need, &clear_, &st);
   return usable_after_remap(n, st);
