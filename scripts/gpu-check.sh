@@ -125,6 +125,13 @@ sanitize() {
       # access): the fault is the driver's answer, not a memory error of streamalloc's.
       args=(--test-case-exclude='*a write faults*')
     fi
+    if [ "$name" = nccl ] && [ "$gpus" -ge 2 ]; then
+      # Without the case of one process per GPU: memcheck reports NCCL's registered all-gather
+      # writing out of bounds into the peer's memory (mapped into this process by NCCL) and
+      # the launch fails, with NCCL's own ncclMemAlloc buffers as with the pool's
+      # (scripts/nccl-memcheck-repro.cu); without memcheck the case runs and checks every value.
+      args=(--test-case-exclude='*one process per GPU*')
+    fi
     echo "--- memcheck gpu_$name"
     "${memcheck[@]}" "$gpu_tests" --source-file="*/gpu/${name}_test.cu" ${args[@]+"${args[@]}"} || rc=1
   done
