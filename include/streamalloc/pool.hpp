@@ -60,6 +60,9 @@ class pool_interface {
    * @throws std::invalid_argument when `s` belongs to a device that cannot use the pool's
    *         memory: another device than a device pool's (for a host pool, than the one it was
    *         made for) that `set_access` has not granted access
+   * @throws cuda_error when the driver fails to map the memory the pool grows by (a refused
+   *         move while defragmenting is not an error: the pool grows instead); std::bad_alloc
+   *         out of host memory. Nothing is lost either way (docs/pool.md, failures).
    * @throws pool_closed after `close()`, or on a moved-from pool
    */
   [[nodiscard]] void* allocate(std::size_t bytes, stream_ref s, placement where = placement::packed) const {
@@ -122,7 +125,11 @@ class pool_interface {
    * @return the allocation's new size (>= bytes, a multiple of 256), or 0 when the addresses
    *         after it are taken (nothing changed: allocate, copy and free instead). A large
    *         allocation made with `placement::room_to_grow` has unused addresses after it.
+   *         Also 0 when the device is out of memory or refuses to map it.
    * @throws std::invalid_argument when `p` is not a live allocation of this pool
+   * @throws cuda_error when mapping the new memory fails for another reason than a shortage
+   *         (a sticky error, a lost context); std::bad_alloc out of host memory. The
+   *         allocation is unchanged either way.
    * @throws pool_closed after `close()`
    */
   [[nodiscard]] std::size_t grow_in_place(void* p, std::size_t bytes, stream_ref s) const {

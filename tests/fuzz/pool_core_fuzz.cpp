@@ -189,6 +189,7 @@ struct fuzz_backend {
   std::uint64_t try_reserve(std::uint64_t bytes, std::uint64_t at) { return sim.try_reserve(bytes, at); }
   CUresult create(std::uint64_t bytes, handle& out);
   void map(std::uint64_t va, std::uint64_t bytes, handle& hd);
+  static bool refused(const std::exception& e) noexcept { return sim_backend::refused(e); }
   void unmap(std::uint64_t va, std::uint64_t bytes) noexcept;
   void release(handle& hd) noexcept;
   event record(const stream_key& k);
@@ -679,8 +680,9 @@ class harness {
         const std::uint8_t w = in_.byte();
         const auto where = (w & 1) ? streamalloc::placement::room_to_grow : streamalloc::placement::packed;
         // One request in 16: the driver refuses a mapping it asks for (short of memory), after
-        // letting 0 to 7 through.
-        if (s != none) allocate(s, bytes, where, (w & 0xf0) == 0xf0, (w >> 1) & 7);
+        // letting 0 to 7 through; with bit 5 of the operation set, the mapping fails for
+        // another reason instead (a sticky error's stand-in), which must reach the caller.
+        if (s != none) allocate(s, bytes, where, (w & 0xf0) == 0xf0, (w >> 1) & 7, (op & 0x20) != 0);
         break;
       }
       case 8: case 9: case 10: case 11: case 12: case 13: free_live(); break;
@@ -791,7 +793,7 @@ class harness {
   }
 
   void allocate(std::size_t s, std::uint64_t bytes, streamalloc::placement where, bool refuse_a_map = false,
-                unsigned maps_first = 0) {
+                unsigned maps_first = 0, bool fail_instead = false) {
     if (bytes > pool_front_limit) {
       TRACE("allocate(%llu) on stream %zu: refused by the pool before the core", ull(bytes), s);
       return;
@@ -801,15 +803,24 @@ class harness {
           s);
     std::uint64_t p = 0;
     current_ = key_of(s);
-    if (refuse_a_map) TRACE("  the driver refuses a mapping after %u more", maps_first);
+    const bool failing = refuse_a_map && fail_instead;
+    if (refuse_a_map) TRACE("  the driver %s a mapping after %u more", failing ? "fails" : "refuses", maps_first);
     dev_->refuse_maps = refuse_a_map ? 1 : 0;
     dev_->maps_before_refusal = refuse_a_map ? maps_first : 0;
+    dev_->fail_maps = failing;
+    // A failed mapping that is not a refusal was reached (refuse_maps back to 0): only an
+    // exception may follow, the driver's.
+    auto swallowed = [&](const char* how) {
+      if (failing && dev_->refuse_maps == 0) fail("allocate(%llu) on stream %zu: a failed mapping was swallowed (%s)", ull(bytes), s, how);
+    };
     try {
       p = pool_->allocate(bytes, key_of(s), where);
     } catch (const core_out_of_memory& e) {
       current_ = {};
+      swallowed("out of memory instead");
       dev_->refuse_maps = 0;
       dev_->maps_before_refusal = 0;
+      dev_->fail_maps = false;
       TRACE("  out of memory: %s", e.reason.c_str());
       // A refused mapping may cost the pool the chunk it was moving (it goes back to the
       // device), never the ability to grow: the usual check holds.
@@ -819,14 +830,17 @@ class harness {
       current_ = {};
       // Growth whose mapping is refused fails with the driver's error, as it would on its own.
       if (!refuse_a_map || dev_->refuse_maps != 0) fail("allocate(%llu) on stream %zu threw %s", ull(bytes), s, e.what());
-      TRACE("  the refusal reached the caller: %s", e.what());
+      dev_->fail_maps = false;
+      TRACE("  the %s reached the caller: %s", failing ? "failure" : "refusal", e.what());
       return;
     } catch (const std::exception& e) {
       fail("allocate(%llu) on stream %zu threw %s", ull(bytes), s, e.what());
     }
     current_ = {};
+    swallowed("the request was served");
     dev_->refuse_maps = 0;
     dev_->maps_before_refusal = 0;
+    dev_->fail_maps = false;
     const auto got = pool_->find_live(p);
     if (!got || got->first != p) fail("allocate(%llu) returned %#llx, not a live block's start", ull(bytes), ull(p));
     const std::uint64_t size = got->second;

@@ -33,8 +33,10 @@ struct sim_device {
   std::map<std::uint64_t, std::uint64_t> reserved;  // reservation base -> size
   std::uint64_t addresses_left = ~0ull;             // the process's address space, as it runs out
   // Maps refused, as the driver's may be when memory is short: after `maps_before_refusal`
-  // more succeed, the next `refuse_maps` fail.
+  // more succeed, the next `refuse_maps` fail (sim_backend::map_refused). With `fail_maps`
+  // set, they fail with an error that is not a refusal instead (a sticky error's stand-in).
   std::uint64_t refuse_maps = 0, maps_before_refusal = 0;
+  bool fail_maps = false;
   std::uint64_t creates = 0, releases = 0, maps = 0, unmaps = 0;
   // The calls the pool makes on its hot paths, each a driver call on a GPU (some 170 to 330 ns
   // on the H100 and H200): what a replay's host time there adds to the CPU model's.
@@ -133,6 +135,11 @@ struct sim_backend {
     ++dev->creates;
     return CUDA_SUCCESS;
   }
+  /// What a refused map throws.
+  struct map_refused : std::runtime_error {
+    using std::runtime_error::runtime_error;
+  };
+  static bool refused(const std::exception& e) noexcept { return dynamic_cast<const map_refused*>(&e) != nullptr; }
   void map(std::uint64_t va, std::uint64_t bytes, handle& h) {
     if (dev->handles.at(h) != bytes) throw std::logic_error("map: size mismatch");
     if (!dev->in_one_reservation(va, bytes)) throw std::logic_error("map: not inside one reservation");
@@ -144,7 +151,8 @@ struct sim_backend {
       --dev->maps_before_refusal;
     } else if (dev->refuse_maps != 0) {
       --dev->refuse_maps;
-      throw std::runtime_error("map: refused (simulated shortage)");
+      if (dev->fail_maps) throw std::runtime_error("map: failed (simulated error, not a shortage)");
+      throw map_refused("map: refused (simulated shortage)");
     }
     dev->mapped[va] = bytes;
     dev->mapped_handle[va] = h;

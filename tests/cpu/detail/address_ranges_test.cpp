@@ -9,9 +9,11 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <iterator>
 #include <limits>
 #include <map>
+#include <new>
 #include <optional>
 #include <random>
 #include <set>
@@ -21,6 +23,23 @@
 
 using streamalloc::detail::address_ranges;
 using streamalloc::detail::reservation_list;
+
+namespace {
+// How many more allocations succeed before one throws; negative: all do. Set only around the
+// calls under test, to check that one that runs out of host memory changes nothing.
+int allocations_until_failure = -1;
+}  // namespace
+
+// Out of line: inlined, GCC 12 at -O2 takes the malloc/free pair for a mismatched new/delete.
+[[gnu::noinline]] void* operator new(std::size_t bytes) {
+  if (allocations_until_failure == 0) throw std::bad_alloc();
+  if (allocations_until_failure > 0) --allocations_until_failure;
+  if (void* p = std::malloc(bytes == 0 ? 1 : bytes)) return p;
+  throw std::bad_alloc();
+}
+[[gnu::noinline]] void operator delete(void* p) noexcept { std::free(p); }
+[[gnu::noinline]] void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+
 
 // A failed take prints the address it gave, or "nothing", instead of doctest's "{?}".
 namespace doctest {
@@ -297,6 +316,32 @@ TEST_CASE("give_back joins the range given back with free ranges on either side"
   r.give_back(base + 6 * granule, 9 * granule);
   CHECK(r.has_room(base, 16 * granule));
   CHECK(r.largest() == 16 * granule);
+}
+
+TEST_CASE("give_back needs host memory only for a range that joins none, and throws having changed nothing") {
+  // The pool gives addresses back on failure paths and while unmapping, where it may not
+  // throw: joining a neighbour must never need memory, and a failure must lose no other range.
+  address_ranges r;
+  r.add_reservation(base, 16 * granule);
+  for (std::uint64_t i = 0; i < 4; ++i) REQUIRE(r.take(4 * granule) == base + i * 4 * granule);
+  r.give_back(base + 12 * granule, 4 * granule);  // free: [12, 16)
+  allocations_until_failure = 0;
+  CHECK_THROWS_AS(r.give_back(base, 2 * granule), std::bad_alloc);  // a range of its own
+  CHECK(r.largest() == 4 * granule);
+  CHECK(r.has_room(base + 12 * granule, 4 * granule));
+  CHECK_FALSE(r.has_room(base, granule));
+  r.give_back(base + 10 * granule, 2 * granule);  // joins the range after it
+  CHECK(r.has_room(base + 10 * granule, 6 * granule));
+  allocations_until_failure = -1;
+  r.give_back(base, 2 * granule);
+  allocations_until_failure = 0;
+  r.give_back(base + 2 * granule, 2 * granule);  // joins the range before it
+  CHECK(r.has_room(base, 4 * granule));
+  r.give_back(base + 4 * granule, 6 * granule);  // fills the hole between two ranges
+  allocations_until_failure = -1;
+  CHECK(r.has_room(base, 16 * granule));
+  CHECK(r.largest() == 16 * granule);
+  CHECK(r.take(16 * granule) == base);
 }
 
 TEST_CASE("ranges of adjacent reservations never join, yet each is used whole") {

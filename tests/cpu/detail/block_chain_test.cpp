@@ -3,14 +3,34 @@
 #include <doctest/doctest.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <iterator>
 #include <map>
+#include <new>
 #include <random>
+#include <string>
 #include <utility>
 #include <vector>
 
 using streamalloc::detail::block;
 using streamalloc::detail::block_chain;
+
+namespace {
+// How many more allocations succeed before one throws; negative: all do. Set only around the
+// calls under test, to check that one that runs out of host memory changes nothing.
+int allocations_until_failure = -1;
+}  // namespace
+
+// Out of line: inlined, GCC 12 at -O2 takes the malloc/free pair for a mismatched new/delete.
+[[gnu::noinline]] void* operator new(std::size_t bytes) {
+  if (allocations_until_failure == 0) throw std::bad_alloc();
+  if (allocations_until_failure > 0) --allocations_until_failure;
+  if (void* p = std::malloc(bytes == 0 ? 1 : bytes)) return p;
+  throw std::bad_alloc();
+}
+[[gnu::noinline]] void operator delete(void* p) noexcept { std::free(p); }
+[[gnu::noinline]] void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+
 
 namespace {
 
@@ -91,6 +111,98 @@ TEST_CASE("cut takes a range out of a block, returns the pieces around it and sp
   CHECK(none_before == nullptr);
   CHECK(none_after == nullptr);
   check_matches(c, {{0x20000, 0x1000}, {0x21000, 0x1000}, {0x23000, 0x1000}});
+}
+
+TEST_CASE("out of host memory, place and cut throw having changed nothing") {
+  // The pool maps memory, then places it in the chain; it cuts a chunk out before unmapping it.
+  // Either may run out of host memory: the chain must then be as it was, for the caller to
+  // undo its own step. Each allocation they make fails in turn until they succeed.
+  const std::map<std::uint64_t, std::uint64_t> start{{0x10000, 0x1000}, {0x12000, 0x4000}, {0x20000, 0x1000}};
+  auto fill = [&](block_chain& c) {
+    for (const auto& [addr, size] : start) c.place(addr, size);
+  };
+  struct step {
+    const char* name;
+    void (*run)(block_chain&);
+    std::map<std::uint64_t, std::uint64_t> after;
+  };
+  const step steps[] = {
+      {"place joining two runs", [](block_chain& c) { (void)c.place(0x11000, 0x1000); },
+       {{0x10000, 0x1000}, {0x11000, 0x1000}, {0x12000, 0x4000}, {0x20000, 0x1000}}},
+      {"place on its own", [](block_chain& c) { (void)c.place(0x30000, 0x1000); },
+       {{0x10000, 0x1000}, {0x12000, 0x4000}, {0x20000, 0x1000}, {0x30000, 0x1000}}},
+      {"cut from the middle of a block", [](block_chain& c) { (void)c.cut(c.starting_at(0x12000), 0x13000, 0x1000); },
+       {{0x10000, 0x1000}, {0x12000, 0x1000}, {0x14000, 0x2000}, {0x20000, 0x1000}}},
+      {"cut a whole block", [](block_chain& c) { (void)c.cut(c.starting_at(0x20000), 0x20000, 0x1000); },
+       {{0x10000, 0x1000}, {0x12000, 0x4000}}},
+  };
+  for (const step& st : steps) {
+    CAPTURE(st.name);
+    int failures = 0;
+    for (int k = 0;; ++k) {
+      block_chain c;
+      fill(c);
+      allocations_until_failure = k;
+      bool threw = false;
+      try {
+        st.run(c);
+      } catch (const std::bad_alloc&) {
+        threw = true;
+      }
+      allocations_until_failure = -1;
+      if (!threw) {
+        check_matches(c, st.after);
+        break;
+      }
+      ++failures;
+      check_matches(c, start);
+      c.place(0x40000, 0x1000);  // and the chain still works
+      CHECK(c.starting_at(0x40000) != nullptr);
+    }
+    MESSAGE(std::string(st.name) << ": " << failures << " allocations failed in turn");
+  }
+}
+
+TEST_CASE("a place prepared before a cut in the run ending there: the cut runs, then the place joins what is left") {
+  // The pool's order when it moves a chunk as an alias: the new place is prepared (all the host
+  // memory it needs) before the old one is cut out, possibly from the run that ends right
+  // where the new place starts.
+  block_chain c;
+  c.place(0x10000, 0x2000);  // a run [0x10000, 0x12000) of two blocks
+  block* second = c.split(c.starting_at(0x10000), 0x1000);
+  const auto slot = c.prepare_place(0x12000, 0x1000);
+  (void)c.cut(second, 0x11000, 0x1000);  // the run now ends at 0x11000: nothing ends at 0x12000
+  block* b = c.finish_place(slot);
+  check_matches(c, {{0x10000, 0x1000}, {0x12000, 0x1000}});
+  CHECK(b->prev_addr == nullptr);
+  // Prepared right after a run that still ends there: joined to it.
+  const auto joined = c.prepare_place(0x13000, 0x1000);
+  block* j = c.finish_place(joined);
+  check_matches(c, {{0x10000, 0x1000}, {0x12000, 0x1000}, {0x13000, 0x1000}});
+  CHECK(j->prev_addr == b);
+  // Abandoned: as if never prepared.
+  const auto dropped = c.prepare_place(0x20000, 0x1000);
+  c.abandon_place(dropped);
+  check_matches(c, {{0x10000, 0x1000}, {0x12000, 0x1000}, {0x13000, 0x1000}});
+}
+
+TEST_CASE("prepare_cut over several blocks: the pieces come from the first and the last") {
+  block_chain c;
+  c.place(0x30000, 0x4000);
+  block* first = c.starting_at(0x30000);
+  block* mid = c.split(first, 0x1800);
+  block* last = c.split(mid, 0x1000);  // [0x30000,+0x1800) [0x31800,+0x1000) [0x32800,+0x1800)
+  const auto pieces = c.prepare_cut(first, last, 0x31000, 0x2000);
+  // The caller joins the blocks into the first, then finishes.
+  first->size += mid->size;
+  c.unlink(mid);
+  first->size += last->size;
+  c.unlink(last);
+  const auto [before, after] = c.finish_cut(first, pieces);
+  REQUIRE(before != nullptr);
+  REQUIRE(after != nullptr);
+  check_matches(c, {{0x30000, 0x1000}, {0x33000, 0x1000}});
+  CHECK(c.runs() == std::map<std::uint64_t, std::uint64_t>{{0x30000, 0x31000}, {0x33000, 0x34000}});
 }
 
 TEST_CASE("random places, splits, merges and cuts agree with a map of blocks") {

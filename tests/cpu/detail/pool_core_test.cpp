@@ -531,6 +531,20 @@ TEST_CASE("no alias when the stream's frees leave a live block in every chunk: t
   f.dev->run_all();
 }
 
+/// With the history kept from the pool's start: the memory it says grew, less the memory it
+/// says was released, is what the pool holds (a mapping refused or failed part-way included).
+void check_history_balanced(fixture& f) {
+  if (!f.pool->history().on()) return;
+  const auto h = f.pool->history().read();
+  REQUIRE(h.dropped == 0);
+  std::int64_t held = 0;
+  for (const auto& e : h.events) {
+    if (e.op == history_op::grow) held += static_cast<std::int64_t>(e.bytes);
+    if (e.op == history_op::release) held -= static_cast<std::int64_t>(e.bytes);
+  }
+  CHECK(held == static_cast<std::int64_t>(f.pool->statistics().reserved_current));
+}
+
 namespace {
 /// Once every block is freed and every stream has run: the pool gives all memory back, and
 /// each of its reservations is whole again (a request of a reservation's size lands at its
@@ -540,6 +554,7 @@ namespace {
 /// mapped, held or addressed was lost or doubled on the way.
 void check_nothing_lost(fixture& f, std::initializer_list<test_stream*> streams) {
   CHECK(f.pool->addresses_consistent());
+  check_history_balanced(f);
   for (test_stream* s : streams) host_sync(*f.dev, *s);
   f.pool->trim_to(0);
   CHECK(f.pool->statistics().reserved_current == 0);
@@ -564,11 +579,16 @@ void check_nothing_lost(fixture& f, std::initializer_list<test_stream*> streams)
   host_sync(*f.dev, s);
   f.pool->trim_to(0);
   CHECK(f.dev->mapped.empty());
+  check_history_balanced(f);
 }
+
+/// The history, kept from the pool's start: every test below that refuses or fails a mapping.
+void keep_history(fixture& f) { f.pool->history().keep(1 << 14); }
 }  // namespace
 
 TEST_CASE("a mapping refused while defragmenting: the request is served by growth, nothing lost") {
   fixture f(movable_chunks());
+  keep_history(f);
   auto s = make_stream();
   std::vector<std::uint64_t> p;
   for (int i = 0; i < 4; ++i) p.push_back(f.pool->allocate(2 * MiB, s.key()));
@@ -593,6 +613,7 @@ TEST_CASE("a mapping refused while defragmenting: the request is served by growt
 
 TEST_CASE("a mapping refused while moving a stream's own frees as aliases: they stay, the pool grows") {
   fixture f(movable_chunks());
+  keep_history(f);
   auto s = make_stream();
   std::vector<std::uint64_t> p;
   for (int i = 0; i < 4; ++i) p.push_back(f.pool->allocate(2 * MiB, s.key()));
@@ -620,6 +641,7 @@ TEST_CASE("a mapping refused while moving a stream's own frees as aliases: they 
 
 TEST_CASE("a refused mapping of the new memory beside moved chunks: the error reaches the caller, nothing lost") {
   fixture f(movable_chunks());
+  keep_history(f);
   auto s = make_stream(), other = make_stream();
   std::vector<std::uint64_t> p;
   for (int i = 0; i < 4; ++i) p.push_back(f.pool->allocate(2 * MiB, s.key()));
@@ -643,6 +665,7 @@ TEST_CASE("a refused mapping of the new memory beside moved chunks: the error re
 
 TEST_CASE("growth whose mapping is refused: the error reaches the caller, the unmapped chunks go back") {
   fixture f(movable_chunks());
+  keep_history(f);
   auto s = make_stream();
   f.dev->refuse_maps = 1;  // a 6 MiB request grows by three 2 MiB chunks: the first is refused
   CHECK_THROWS_AS((void)f.pool->allocate(6 * MiB, s.key()), std::runtime_error);
@@ -662,6 +685,7 @@ TEST_CASE("growth whose mapping is refused: the error reaches the caller, the un
 
 TEST_CASE("a mapping refused part-way: what was mapped stays, the rest goes back, nothing lost") {
   fixture f(movable_chunks());
+  keep_history(f);
   auto s = make_stream(), other = make_stream();
   SUBCASE("growth: the second of three chunks refused") {
     f.dev->maps_before_refusal = 1;
@@ -733,6 +757,60 @@ TEST_CASE("a mapping refused part-way: what was mapped stays, the rest goes back
     CHECK(f.dev->mapped.size() == 6 + 2);   // no alias: six chunks where they were or moved, two new
     finish({q});
   }
+}
+
+TEST_CASE("a map that fails for another reason than a shortage: the error reaches the caller, nothing lost") {
+  // Only a refusal for lack of memory lets remapping and growth in place go on without the
+  // mapping; a sticky error or a lost context must not be hidden until the next growth.
+  fixture f(movable_chunks());
+  keep_history(f);
+  auto s = make_stream();
+  std::vector<std::uint64_t> p;
+  for (int i = 0; i < 4; ++i) p.push_back(f.pool->allocate(2 * MiB, s.key()));
+  const char* failed = "map: failed (simulated error, not a shortage)";
+  auto fail_next_map = [&] {
+    f.dev->fail_maps = true;
+    f.dev->refuse_maps = 1;
+  };
+  SUBCASE("moving a clear chunk") {
+    f.pool->deallocate(p[0], s.key());
+    f.pool->deallocate(p[2], s.key());
+    host_sync(*f.dev, s);
+    fail_next_map();
+    const auto creates = f.dev->creates;
+    CHECK_THROWS_WITH_AS((void)f.pool->allocate(4 * MiB, s.key()), failed, std::runtime_error);
+    CHECK(f.dev->creates == creates);  // not served by growth behind the error's back
+    CHECK(f.pool->statistics().reserved_current == 6 * MiB);  // the chunk in the failed move went back
+  }
+  SUBCASE("moving a stream's own pending chunk as an alias") {
+    f.dev->busy.insert(s.native);
+    f.pool->deallocate(p[0], s.key());
+    f.pool->deallocate(p[2], s.key());
+    fail_next_map();
+    const auto creates = f.dev->creates;
+    CHECK_THROWS_WITH_AS((void)f.pool->allocate(4 * MiB, s.key()), failed, std::runtime_error);
+    CHECK(f.dev->creates == creates);  // the alias failed, not growth
+    CHECK(f.dev->is_mapped(p[0], 2 * MiB));  // nothing changed: s's frees may still run there
+    CHECK(f.dev->is_mapped(p[2], 2 * MiB));
+    CHECK(f.pool->statistics().reserved_current == 8 * MiB);
+    f.dev->busy.clear();
+  }
+  SUBCASE("growing a block in place") {
+    fail_next_map();
+    CHECK_THROWS_WITH_AS((void)f.pool->grow_in_place(p[3], 4 * MiB, s.key()), failed, std::runtime_error);
+    CHECK(f.pool->statistics().reserved_current == 8 * MiB);
+    f.pool->deallocate(p[0], s.key());
+    f.pool->deallocate(p[2], s.key());
+  }
+  f.dev->fail_maps = false;
+  CHECK(f.dev->refuse_maps == 0);
+  CHECK(f.pool->addresses_consistent());
+  CHECK(f.dev->is_mapped(p[1], 2 * MiB));
+  CHECK(f.dev->is_mapped(p[3], 2 * MiB));
+  const auto q = f.pool->allocate(4 * MiB, s.key());  // served once the device maps again
+  CHECK(f.dev->is_mapped(q, 4 * MiB));
+  for (const auto x : {q, p[1], p[3]}) f.pool->deallocate(x, s.key());
+  check_nothing_lost(f, {&s});
 }
 
 TEST_CASE("the limit and the device's memory end in core_out_of_memory, with the state named") {

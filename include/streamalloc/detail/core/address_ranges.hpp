@@ -83,22 +83,42 @@ class address_ranges {
   }
 
   /// [at, at + bytes) is unmapped again; joined with the ranges on either side in the same
-  /// reservation.
+  /// reservation. Needs host memory only when it joins neither: out of it, it throws having
+  /// changed nothing.
   void give_back(std::uint64_t at, std::uint64_t bytes) {
-    auto next = free_.lower_bound(at);
-    if (next != free_.end() && next->first == at + bytes && !starts_.contains(at + bytes)) {
-      bytes += next->second;
-      next = free_.erase(next);
-    }
+    const auto next = free_.lower_bound(at);
+    const bool join_next = next != free_.end() && next->first == at + bytes && !starts_.contains(at + bytes);
     if (next != free_.begin() && !starts_.contains(at)) {
-      auto prev = std::prev(next);
+      const auto prev = std::prev(next);
       if (prev->first + prev->second == at) {
         prev->second += bytes;
+        if (join_next) {
+          prev->second += next->second;
+          free_.erase(next);
+        }
         return;
       }
     }
+    if (join_next) {  // the range after it, moved down to start at `at`: its node is reused
+      auto node = free_.extract(next);
+      node.key() = at;
+      node.mapped() += bytes;
+      free_.insert(std::move(node));
+      return;
+    }
     free_.emplace(at, bytes);
   }
+  /// give_back where no exception may leave (destructors, failure paths): out of host memory,
+  /// the range stays unused, reserved but never mapped again.
+  void give_back_or_drop(std::uint64_t at, std::uint64_t bytes) noexcept {
+    try {
+      give_back(at, bytes);
+    } catch (...) {
+      dropped_ += bytes;
+    }
+  }
+  /// Bytes of addresses give_back_or_drop could not give back.
+  [[nodiscard]] std::uint64_t dropped() const noexcept { return dropped_; }
 
   /// Are [at, at + bytes) all unmapped?
   [[nodiscard]] bool has_room(std::uint64_t at, std::uint64_t bytes) const {
@@ -180,14 +200,28 @@ class address_ranges {
     return it->first <= at && at < it->first + it->second ? it : free_.end();
   }
 
-  void carve(iterator it, std::uint64_t at, std::uint64_t bytes) {
-    const std::uint64_t start = it->first, size = it->second;
-    free_.erase(it);
-    if (at > start) free_.emplace(start, at - start);
-    if (at + bytes < start + size) free_.emplace(at + bytes, start + size - at - bytes);
+  // At most one new node, made before anything changes: out of host memory, the free ranges
+  // are as they were.
+  void carve(iterator found, std::uint64_t at, std::uint64_t bytes) {
+    const auto it = free_.erase(found, found);  // the same node, writable
+    const std::uint64_t start = it->first, end = it->first + it->second;
+    if (at > start && at + bytes < end) {  // a range before and one after: a node for the latter
+      free_.emplace_hint(std::next(it), at + bytes, end - at - bytes);
+      it->second = at - start;
+    } else if (at > start) {  // only before: the node shrinks
+      it->second = at - start;
+    } else if (at + bytes < end) {  // only after: the node moves up
+      auto node = free_.extract(it);
+      node.key() = at + bytes;
+      node.mapped() = end - at - bytes;
+      free_.insert(std::move(node));
+    } else {
+      free_.erase(it);
+    }
   }
 
   std::map<std::uint64_t, std::uint64_t> free_;  // start -> size
+  std::uint64_t dropped_ = 0;
   std::set<std::uint64_t> starts_;                // of the reservations: ranges never join across
 };
 

@@ -19,28 +19,58 @@ namespace streamalloc::detail {
 
 class block_chain {
  public:
-  /// Puts newly mapped [va, va + size) into the chain as one block, joining the run that ends at
-  /// `va` and the run that starts at `va + size`, if any. Returns the block (in no bins).
-  block* place(std::uint64_t va, std::uint64_t size) {
-    block* b = make(va, size);
-    std::uint64_t run_start = va, run_end = va + size;
+  /// What placing [va, va + size) in the chain needs of host memory, taken ahead by
+  /// prepare_place: the block, indexed but linked to nothing, and a run entry of its own.
+  struct placed {
+    block* b = nullptr;
+  };
+
+  /// Takes what placing newly mapped [va, va + size) needs: may throw, out of host memory,
+  /// having changed nothing. Until finish_place or abandon_place the chain may be cut
+  /// elsewhere (prepare_cut, finish_cut), even in the run that ends at `va`.
+  placed prepare_place(std::uint64_t va, std::uint64_t size) {
+    const auto run = runs_.emplace(va, va + size).first;
+    try {
+      return placed{make(va, size)};
+    } catch (...) {
+      runs_.erase(run);
+      throw;
+    }
+  }
+  /// Links the prepared block to the runs that end at its start and start at its end, if any.
+  /// Returns it (in no bins).
+  block* finish_place(const placed& p) noexcept {
+    block* b = p.b;
+    const std::uint64_t va = b->addr, end = va + b->size;
+    auto run = runs_.find(va);
     if (const auto before = run_ending_at(va); before != runs_.end()) {
-      run_start = before->first;
       block* prev = index_.before(va);
       prev->next_addr = b;
       b->prev_addr = prev;
-      runs_.erase(before);
+      runs_.erase(run);
+      run = before;
     }
-    if (const auto after = runs_.find(va + size); after != runs_.end()) {
-      run_end = after->second;
-      block* next = index_.find(va + size);
+    run->second = end;
+    if (const auto after = runs_.find(end); after != runs_.end()) {
+      block* next = index_.find(end);
       next->prev_addr = b;
       b->next_addr = next;
+      run->second = after->second;
       runs_.erase(after);
     }
-    runs_[run_start] = run_end;
     return b;
   }
+  /// Gives back what prepare_place took: the range was not mapped after all.
+  void abandon_place(const placed& p) noexcept {
+    runs_.erase(p.b->addr);
+    index_.erase(p.b->addr);
+    arena_.recycle(p.b);
+  }
+
+  /// Puts newly mapped [va, va + size) into the chain as one block, joining the run that ends at
+  /// `va` and the run that starts at `va + size`, if any. Returns the block (in no bins). Out
+  /// of host memory it throws having changed nothing (the caller still holds the mapping).
+  block* place(std::uint64_t va, std::uint64_t size) { return finish_place(prepare_place(va, size)); }
 
   /// Cuts `b` after its first `n` bytes; returns the rest as a block of its own, linked after
   /// `b`, in no bins.
@@ -70,36 +100,70 @@ class block_chain {
     index_.insert(x->addr, x);
   }
 
-  /// Takes [va, va + size) out of the chain (it is being unmapped): the block `b` holding it
-  /// is replaced by the pieces before and after the range, returned (null where there is none,
-  /// in no bins), and the run holding it is split in two.
-  std::pair<block*, block*> cut(block* b, std::uint64_t va, std::uint64_t size) {
-    block* before = b->addr < va ? arena_.make(b->addr, va - b->addr) : nullptr;
-    block* after = b->addr + b->size > va + size ? arena_.make(va + size, b->addr + b->size - va - size) : nullptr;
+  /// What cutting [va, va + size) out of the chain needs of host memory, taken ahead by
+  /// prepare_cut: the pieces before and after the range and the entry of the run after it.
+  struct cut_pieces {
+    std::uint64_t va = 0, size = 0;
+    block* before = nullptr;
+    block* after = nullptr;
+  };
+
+  /// Takes what cutting [va, va + size) needs, where the blocks from `first` to `last` (linked)
+  /// cover it: may throw, out of host memory, having changed nothing. Until finish_cut the
+  /// chain is used for nothing but joining those blocks into `first` (unlink).
+  cut_pieces prepare_cut(const block* first, const block* last, std::uint64_t va, std::uint64_t size) {
+    const std::uint64_t run_end = std::prev(runs_.upper_bound(va))->second;
+    const std::uint64_t last_end = last->addr + last->size;
+    cut_pieces p{va, size, nullptr, nullptr};
+    p.before = first->addr < va ? arena_.make(first->addr, va - first->addr) : nullptr;
+    try {
+      if (last_end > va + size) p.after = make(va + size, last_end - va - size);
+      if (va + size < run_end) runs_.emplace(va + size, run_end);
+    } catch (...) {
+      if (p.after != nullptr) {
+        index_.erase(p.after->addr);
+        arena_.recycle(p.after);
+      }
+      if (p.before != nullptr) arena_.recycle(p.before);
+      throw;
+    }
+    return p;
+  }
+
+  /// Takes the range out: `b`, now the one block covering it, is replaced by the pieces before
+  /// and after it, returned (null where there is none, in no bins), and the run holding it is
+  /// split in two. Needs nothing more.
+  std::pair<block*, block*> finish_cut(block* b, const cut_pieces& p) noexcept {
+    const auto run = std::prev(runs_.upper_bound(p.va));
     block* prev = b->prev_addr;
     block* next = b->next_addr;
-    index_.erase(b->addr);
-    arena_.recycle(b);
-    if (before != nullptr) {
-      before->prev_addr = prev;
-      if (prev != nullptr) prev->next_addr = before;
-      index_.insert(before->addr, before);
-    } else if (prev != nullptr) {
-      prev->next_addr = nullptr;
+    if (p.before != nullptr) {
+      index_.assign(p.before->addr, p.before);  // b's start: replaced, no new entry
+      p.before->prev_addr = prev;
+      if (prev != nullptr) prev->next_addr = p.before;
+    } else {
+      index_.erase(b->addr);
+      if (prev != nullptr) prev->next_addr = nullptr;
     }
-    if (after != nullptr) {
-      after->next_addr = next;
-      if (next != nullptr) next->prev_addr = after;
-      index_.insert(after->addr, after);
+    arena_.recycle(b);
+    if (p.after != nullptr) {
+      p.after->next_addr = next;
+      if (next != nullptr) next->prev_addr = p.after;
     } else if (next != nullptr) {
       next->prev_addr = nullptr;
     }
-    const auto run = std::prev(runs_.upper_bound(va));
-    const std::uint64_t run_start = run->first, run_end = run->second;
-    runs_.erase(run);
-    if (run_start < va) runs_[run_start] = va;
-    if (va + size < run_end) runs_[va + size] = run_end;
-    return {before, after};
+    if (run->first < p.va) {
+      run->second = p.va;
+    } else {
+      runs_.erase(run);
+    }
+    return {p.before, p.after};
+  }
+
+  /// Takes [va, va + size) out of the chain (it is being unmapped): prepare_cut and finish_cut
+  /// for the one block `b` holding it. Out of host memory it throws having changed nothing.
+  std::pair<block*, block*> cut(block* b, std::uint64_t va, std::uint64_t size) {
+    return finish_cut(b, prepare_cut(b, b, va, size));
   }
 
   /// The block starting at or before `addr` (the one holding it, if `addr` is mapped); null if none.

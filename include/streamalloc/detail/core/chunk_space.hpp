@@ -140,7 +140,7 @@ class chunk_space {
   chunk unmap(std::uint64_t va) noexcept {
     auto node = chunks_.extract(va);
     backend_.unmap(va, node.mapped().size);
-    free_.give_back(va, node.mapped().size);
+    free_.give_back_or_drop(va, node.mapped().size);
     return std::move(node.mapped());
   }
   /// Unmaps the chunk at `va` and returns it, still held; its addresses stay taken (other
@@ -164,6 +164,17 @@ class chunk_space {
     aliases_.push_back({va, node.mapped().size, dst, owner, stamp});
     chunks_.insert(std::move(node));
   }
+  /// Undoes the last map_alias, whose chunk is now found at `dst`: unmapped there and found at
+  /// its old place again. The addresses at `dst` stay taken (the caller gives them back).
+  void undo_alias(std::uint64_t dst) noexcept {
+    const alias a = aliases_.back();
+    aliases_.pop_back();
+    backend_.unmap(dst, a.size);
+    auto node = chunks_.extract(dst);
+    node.key() = a.va;
+    --node.mapped().aliases;
+    chunks_.insert(std::move(node));
+  }
   /// Unmaps the earlier mappings for which `done(owner, stamp)` holds and gives their
   /// addresses back; returns how many.
   template <class Done>
@@ -176,7 +187,7 @@ class chunk_space {
         continue;
       }
       backend_.unmap(a.va, a.size);
-      free_.give_back(a.va, a.size);
+      free_.give_back_or_drop(a.va, a.size);
       --chunks_.at(a.chunk_va).aliases;
       aliases_[i] = aliases_.back();
       aliases_.pop_back();

@@ -142,9 +142,9 @@ class live_table {
       }
     }
     void grow() {
-      std::vector<slot> old = std::move(slots);
-      const std::size_t n = old.empty() ? 64 : (used * 4 > old.size() ? old.size() * 2 : old.size());
-      slots.assign(n, slot{});
+      const std::size_t n = slots.empty() ? 64 : (used * 4 > slots.size() ? slots.size() * 2 : slots.size());
+      std::vector<slot> old(n, slot{});  // out of host memory: the table is as it was
+      slots.swap(old);
       seen_base.store(reinterpret_cast<std::uintptr_t>(slots.data()), std::memory_order_relaxed);
       seen_mask.store(n - 1, std::memory_order_relaxed);
       used = 0;

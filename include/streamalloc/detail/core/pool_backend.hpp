@@ -10,6 +10,7 @@
 #include <cuda.h>
 
 #include <concepts>
+#include <exception>
 #include <type_traits>
 #include <cstdint>
 
@@ -31,6 +32,10 @@ struct stream_key {
  * - `create(bytes, out)`: physical memory; returns CUDA_ERROR_OUT_OF_MEMORY when there is none
  *   (the core then tries to free some and asks again), any other failure throws.
  * - `map(va, bytes, h)`: maps `h` at `va` and grants the pool's accesses; may throw.
+ *   `refused(e)`: whether `e`, thrown by `map`, is the device refusing the mapping for lack of
+ *   memory (cuMemMap and cuMemSetAccess need memory of their own): the core then does without
+ *   that mapping (remapping stops, growth in place says no). Any other failure (a sticky error,
+ *   a lost context, a bad argument) is not a refusal and propagates.
  * - `record(stream)`, `wait(stream, e)`: an event recorded on a stream, a stream made to wait
  *   on one; `done(e)`: has the device passed it; `idle(stream)`: has the stream run all its work.
  * - `capturing(stream)`: is the stream being captured into a graph (it then runs nothing now,
@@ -43,7 +48,8 @@ struct stream_key {
  *   may not throw. Every call is made under the pool's lock.
  */
 template <class B>
-concept pool_backend = requires(B& b, std::uint64_t n, typename B::handle& h, typename B::event& e, const stream_key& k) {
+concept pool_backend = requires(B& b, std::uint64_t n, typename B::handle& h, typename B::event& e, const stream_key& k,
+                                 const std::exception& ex) {
   typename B::handle;
   typename B::event;
   requires std::is_nothrow_constructible_v<typename B::capture_guard, B&>;
@@ -52,6 +58,7 @@ concept pool_backend = requires(B& b, std::uint64_t n, typename B::handle& h, ty
   { b.try_reserve(n, n) } -> std::same_as<std::uint64_t>;
   { b.create(n, h) } -> std::same_as<CUresult>;
   b.map(n, n, h);
+  { B::refused(ex) } noexcept -> std::same_as<bool>;
   { b.unmap(n, n) } noexcept;
   { b.release(h) } noexcept;
   { b.record(k) } -> std::same_as<typename B::event>;

@@ -128,6 +128,18 @@ class pool_core final : public completion_listener {
     return space_.refused_reservation();
   }
   [[nodiscard]] bool owns(std::uint64_t p) const noexcept { return space_.owns(p); }
+  /// Bytes of addresses left unused because the host had no memory to give them back.
+  [[nodiscard]] std::uint64_t addresses_dropped() {
+    std::lock_guard lock(mutex_);
+    return space_.free_addresses().dropped();
+  }
+  /// For tests: bytes of free addresses, in all reservations.
+  [[nodiscard]] std::uint64_t addresses_free() {
+    std::lock_guard lock(mutex_);
+    std::uint64_t bytes = 0;
+    for (const auto& [at, size] : space_.free_addresses().ranges()) bytes += size;
+    return bytes;
+  }
   /// For tests: no free address overlaps another or a mapped chunk (chunk_space).
   [[nodiscard]] bool addresses_consistent() {
     std::lock_guard lock(mutex_);
@@ -171,7 +183,17 @@ class pool_core final : public completion_listener {
     streams_.account_allocate(st, b->size);
     st.lock.unlock();
     if (history_.ever_on()) [[unlikely]] note_allocation(b, st);
-    live_.insert(b->addr, b);
+    try {
+      live_.insert(b->addr, b);
+    } catch (...) {  // out of host memory: back to the cache it came from
+      if (history_.on()) [[unlikely]] history_.note(history_op::free, st.record->id(), b->addr, b->size);
+      std::lock_guard lock(st.lock);
+      streams_.account_free(st, b->size);
+      set_state(b, block_state::cached);
+      st.cache.insert(b);
+      st.cache_bytes += b->size;
+      throw;
+    }
     return b->addr;
   }
 
@@ -439,7 +461,16 @@ class pool_core final : public completion_listener {
     set_state(b, block_state::live);
     streams_.account_allocate(st, b->size);
     if (history_.ever_on()) [[unlikely]] note_allocation(b, st);
-    live_.insert(b->addr, b);
+    try {
+      live_.insert(b->addr, b);
+    } catch (...) {  // out of host memory: freed on `st` again, though nothing used it
+      if (history_.on()) [[unlikely]] history_.note(history_op::free, st.record->id(), b->addr, b->size);
+      streams_.account_free(st, b->size);
+      b->stream = st.record->id();
+      b->stamp = st.record->stamp();
+      free_pending(b, st);
+      throw;
+    }
     return b->addr;
   }
 
@@ -549,7 +580,9 @@ class pool_core final : public completion_listener {
 
   /// The free block `st` may use that ends a mapped run with room to grow after it.
   block* extendable_tail(state& st, std::uint64_t n, std::uint64_t unit);
-  /// Puts [va, va + size), just mapped, in the address chain as a free block of `bins`.
+  /// Puts [va, va + size), the chunk just mapped there, in the address chain as a free block
+  /// of `bins`. Out of host memory the chunk is unmapped and released, its addresses given
+  /// back, before the error propagates: no mapped memory is left outside the chain.
   block* place_mapped(std::uint64_t va, std::uint64_t size, free_bins* bins, state* st);
   /// New physical memory for a request of `n` bytes on `st`; null when the limit or device says no.
   block* grow(std::uint64_t n, state& st, placement where, bool again = false);
@@ -571,8 +604,9 @@ class pool_core final : public completion_listener {
   /// Moves whole free chunks next to each other from `dst`, which moves past each one mapped;
   /// false when the driver refused a mapping (the move stops there).
   bool remap_to(std::uint64_t& dst, const std::vector<free_chunk>& chunks, state& st);
-  /// Gives back [from, to), addresses taken for chunks that were not mapped there.
-  void give_back_unmapped(std::uint64_t from, std::uint64_t to);
+  /// Gives back [from, to), addresses taken for chunks that were not mapped there (out of host
+  /// memory, they stay unused: it runs on failure paths, where the first error must be heard).
+  void give_back_unmapped(std::uint64_t from, std::uint64_t to) noexcept;
   /// Unmaps the old mappings of `st`'s aliased chunks whose frees are known complete.
   void unmap_aliases(state& st) noexcept;
   /// The block serving `n` bytes on `st` after chunks moved: found, or joined.

@@ -20,7 +20,13 @@ void pool_core<Backend>::take(block* b, std::uint64_t n) {
   free_bins* bins = b->bins;
   bins->remove(b);
   if (b->size - n >= free_bins::quantum) {
-    block* rest = split(b, n);
+    block* rest = nullptr;
+    try {
+      rest = split(b, n);
+    } catch (...) {  // out of host memory: the block stays free, whole
+      bins->insert(b);
+      throw;
+    }
     rest->stream = b->stream;
     rest->stamp = b->stamp;
     rest->state = b->state;

@@ -110,11 +110,19 @@ void pool_core<Backend>::add_graph_piece(graph_segment& seg, std::uint64_t n) {
     try {
       space_.map(va, chunk{size, std::move(h)});  // releases the memory when it fails
     } catch (...) {
-      space_.free_addresses().give_back(va, size);
+      space_.free_addresses().give_back_or_drop(va, size);
+      if (history_.on()) [[unlikely]] history_.note(history_op::release, 0, va, size);
       throw;
     }
   }
-  block* b = chain_.place(va, size);
+  block* b = nullptr;
+  try {
+    b = chain_.place(va, size);
+  } catch (...) {  // out of host memory: the chunk (new, or found clear) goes back to the device
+    space_.release(space_.unmap(va));
+    if (history_.on()) [[unlikely]] history_.note(history_op::release, 0, va, size);
+    throw;
+  }
   set_state(b, block_state::graph);
   b->use = graph_use::spare;
   b->owner = &seg;

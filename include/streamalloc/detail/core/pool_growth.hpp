@@ -28,10 +28,16 @@ block* pool_core<Backend>::extendable_tail(state& st, std::uint64_t n, std::uint
   return best;
 }
 
-/// Puts [va, va + size), just mapped, in the address chain as a free block of `bins`.
+/// Puts the chunk just mapped at [va, va + size) in the address chain (pool_core.hpp).
 template <pool_backend Backend>
 block* pool_core<Backend>::place_mapped(std::uint64_t va, std::uint64_t size, free_bins* bins, state* st) {
-  block* b = chain_.place(va, size);
+  block* b = nullptr;
+  try {
+    b = chain_.place(va, size);  // the one step that needs host memory; nothing changed if it fails
+  } catch (...) {
+    space_.release(space_.unmap(va));
+    throw;
+  }
   if (bins == &clear_) {
     set_state(b, block_state::clear);
   } else {
@@ -76,67 +82,80 @@ block* pool_core<Backend>::grow(std::uint64_t n, state& st, placement where, boo
   }
   std::vector<handle> handles(sizes.size());
   bool released = false;
-  for (std::size_t i = 0; i < sizes.size(); ++i) {
-    // Out of device memory: give back the whole free chunks this pool caches, then retry.
-    CUresult r = backend_.create(sizes[i], handles[i]);
-    if (r != CUDA_SUCCESS && release_free_chunks(0) != 0) {
-      released = true;
-      r = backend_.create(sizes[i], handles[i]);
+  std::size_t made = 0;
+  std::optional<std::uint64_t> va;
+  // Out of host memory (releasing free chunks, taking addresses), the handles made go back.
+  try {
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      // Out of device memory: give back the whole free chunks this pool caches, then retry.
+      CUresult r = backend_.create(sizes[i], handles[i]);
+      if (r != CUDA_SUCCESS && release_free_chunks(0) != 0) {
+        released = true;
+        r = backend_.create(sizes[i], handles[i]);
+      }
+      if (r != CUDA_SUCCESS) {
+        for (std::size_t j = 0; j < i; ++j) backend_.release(handles[j]);
+        return nullptr;
+      }
+      ++made;
     }
-    if (r != CUDA_SUCCESS) {
-      for (std::size_t j = 0; j < i; ++j) backend_.release(handles[j]);
+    // Releasing free chunks above may have taken the tail with them, or shrunk it.
+    if (tail != nullptr) {
+      tail = extendable_tail(st, n, options_.chunk_size);
+      if (tail != nullptr && tail->size + total < n) tail = nullptr;
+    }
+    // Right after the tail or not at all: a tail chosen again above had its room checked for
+    // its own size, which may be less than `total`.
+    if (tail != nullptr) va = space_.free_addresses().take_at(total, tail->addr + tail->size);
+    if (!va && total < n) {  // away from the tail, too little to hold the request
+      for (auto& h : handles) backend_.release(h);
+      made = 0;
+      // The release took the tail this growth was sized for, and freed device memory: sized
+      // afresh, without that tail, the request may now fit.
+      return released && !again ? grow(n, st, where, true) : nullptr;
+    }
+    // A large request starts a run of its own: with room to grow in place after it, or next
+    // to the other large runs, at the top of the addresses (chunk runs grow at the bottom),
+    // where the GPU page tables are already built.
+    if (!va && own && where == placement::room_to_grow) {
+      // Room of at least `room_spread / 2` times its size after it: reserved for it, when the
+      // free addresses are short of that, else as much as there is.
+      va = space_.free_addresses().take_spaced(total, space_.granularity(), room_spread);
+      if (!va && total <= space_.limit() / room_spread && space_.reserve_more(room_spread * total)) {
+        va = space_.free_addresses().take_spaced(total, space_.granularity(), room_spread);
+      }
+      if (!va) va = space_.free_addresses().take_spaced(total, space_.granularity());
+    } else if (!va && own) {
+      va = space_.free_addresses().take_top(total);
+    }
+    if (!va) va = space_.free_addresses().take(total);
+    if (!va) {
+      for (auto& h : handles) backend_.release(h);
       return nullptr;
     }
-  }
-  // Releasing free chunks above may have taken the tail with them, or shrunk it.
-  if (tail != nullptr) {
-    tail = extendable_tail(st, n, options_.chunk_size);
-    if (tail != nullptr && tail->size + total < n) tail = nullptr;
-  }
-  std::optional<std::uint64_t> va;
-  // Right after the tail or not at all: a tail chosen again above had its room checked for
-  // its own size, which may be less than `total`.
-  if (tail != nullptr) va = space_.free_addresses().take_at(total, tail->addr + tail->size);
-  if (!va && total < n) {  // away from the tail, too little to hold the request
-    for (auto& h : handles) backend_.release(h);
-    // The release took the tail this growth was sized for, and freed device memory: sized
-    // afresh, without that tail, the request may now fit.
-    return released && !again ? grow(n, st, where, true) : nullptr;
-  }
-  // A large request starts a run of its own: with room to grow in place after it, or next
-  // to the other large runs, at the top of the addresses (chunk runs grow at the bottom),
-  // where the GPU page tables are already built.
-  if (!va && own && where == placement::room_to_grow) {
-    // Room of at least `room_spread / 2` times its size after it: reserved for it, when the
-    // free addresses are short of that, else as much as there is.
-    va = space_.free_addresses().take_spaced(total, space_.granularity(), room_spread);
-    if (!va && total <= space_.limit() / room_spread && space_.reserve_more(room_spread * total)) {
-      va = space_.free_addresses().take_spaced(total, space_.granularity(), room_spread);
-    }
-    if (!va) va = space_.free_addresses().take_spaced(total, space_.granularity());
-  } else if (!va && own) {
-    va = space_.free_addresses().take_top(total);
-  }
-  if (!va) va = space_.free_addresses().take(total);
-  if (!va) {
-    for (auto& h : handles) backend_.release(h);
-    return nullptr;
+  } catch (...) {  // (a retry above that throws has released its own)
+    for (std::size_t j = 0; j < made; ++j) backend_.release(handles[j]);
+    throw;
   }
   space_.note_growth(total);
   if (history_.on()) [[unlikely]] history_.note(history_op::grow, st.record->id(), *va, total);
   free_bins* bins = (tail != nullptr && tail->bins == &st.pending) ? &st.pending : &clear_;
   std::uint64_t at = *va;
   for (std::size_t i = 0; i < sizes.size(); ++i) {
+    bool mapped = false;
     try {
       space_.map(at, chunk{sizes[i], std::move(handles[i])});  // refused: this one goes back
+      mapped = true;
+      place_mapped(at, sizes[i], bins, &st);  // out of host memory: this one goes back
     } catch (...) {
-      // The chunks mapped so far stay as free memory; the rest go back to the device, and
-      // their addresses to the free ranges. The caller hears the driver's error.
+      // The chunks placed so far stay as free memory; the rest go back to the device, and
+      // their addresses to the free ranges (a chunk placement failed on gave its own back).
+      // The caller hears the driver's error, or the host's.
       for (std::size_t j = i + 1; j < sizes.size(); ++j) space_.release(chunk{sizes[j], std::move(handles[j])});
-      give_back_unmapped(at, *va + total);
+      give_back_unmapped(mapped ? at + sizes[i] : at, *va + total);
+      if (history_.on()) [[unlikely]] history_.note(history_op::release, 0, at, *va + total - at);
       throw;
     }
-    place_mapped(at, sizes[i], bins, &st);
     at += sizes[i];
   }
   return find_usable(n, st);
@@ -218,22 +237,33 @@ bool pool_core<Backend>::extend(block* b, std::uint64_t n, state& st) {
     if (options_.max_size != 0 && space_.held() + bytes > options_.max_size) return false;
     // Past the end of a reservation, a new one placed right there continues the run.
     if (!space_.free_addresses().has_room(end, bytes) && (space_.owns(end) || !space_.reserve_more(bytes, end))) return false;
+    // The addresses first (room was checked under the same lock; out of host memory, nothing
+    // has changed), then the memory.
+    if (!space_.free_addresses().take_at(bytes, end)) return false;
     handle h{};
     // No retry after releasing cached chunks here: the free blocks after `b` may be among them.
-    if (backend_.create(bytes, h) != CUDA_SUCCESS) return false;
-    (void)space_.free_addresses().take_at(bytes, end);  // room was checked under the same lock
+    if (backend_.create(bytes, h) != CUDA_SUCCESS) {
+      give_back_unmapped(end, end + bytes);
+      return false;
+    }
     space_.note_growth(bytes);
     try {
       space_.map(end, chunk{bytes, std::move(h)});  // refused: the memory goes back to the device
-    } catch (const std::runtime_error&) {
+    } catch (const std::exception& e) {
       give_back_unmapped(end, end + bytes);
+      if (!Backend::refused(e)) throw;
       return false;  // as when the device is out of memory
     } catch (...) {
       give_back_unmapped(end, end + bytes);
       throw;
     }
     if (history_.on()) [[unlikely]] history_.note(history_op::grow, st.record->id(), end, bytes);
-    place_mapped(end, bytes, &clear_, &st);
+    try {
+      place_mapped(end, bytes, &clear_, &st);
+    } catch (...) {  // out of host memory: the memory went back
+      if (history_.on()) [[unlikely]] history_.note(history_op::release, 0, end, bytes);
+      throw;
+    }
   }
   // Absorb the blocks after `b`, splitting the last one.
   while (b->size < n) {

@@ -80,6 +80,9 @@ std::string pool_core<Backend>::describe_state() {
   if (aliased != 0) {
     m += ", " + std::to_string(aliased) + " bytes of addresses held by chunks moved before the frees in them ran";
   }
+  if (const std::uint64_t dropped = space_.free_addresses().dropped(); dropped != 0) {
+    m += ", " + std::to_string(dropped) + " bytes of addresses left unused when the host had no memory to give them back";
+  }
   return m;
 }
 

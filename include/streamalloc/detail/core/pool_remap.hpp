@@ -66,17 +66,21 @@ void pool_core<Backend>::cut_out(std::uint64_t va, std::uint64_t size) {
     return x;
   };
   block* b = covering(chain_.at_or_before(va));
+  block* end = b;
+  while (end->addr + end->size < va + size) end = covering(end->next_addr);
+  // What needs host memory first: out of it, nothing has changed.
+  const auto pieces = chain_.prepare_cut(b, end, va, size);
   const kind first = kind_of(b);
   kind last = first;
   b->bins->remove(b);
   while (b->addr + b->size < va + size) {  // the range spans several blocks: one of them all
-    block* x = covering(b->next_addr);
+    block* x = b->next_addr;
     last = kind_of(x);
     x->bins->remove(x);
     b->size += x->size;
     unlink(x);
   }
-  const auto [before, after] = chain_.cut(b, va, size);
+  const auto [before, after] = chain_.finish_cut(b, pieces);
   auto restore = [&](block* piece, const kind& k) {
     if (piece == nullptr) return;
     set_state(piece, k.state);
@@ -96,30 +100,47 @@ template <pool_backend Backend>
 bool pool_core<Backend>::remap_to(std::uint64_t& dst, const std::vector<free_chunk>& chunks, state& st) {
   // The driver may refuse a mapping (cuMemMap and cuMemSetAccess need memory of their own, and
   // defragmentation runs when the device is nearly full): the move stops there, and the request
-  // goes on to its next source with what did move. A runtime_error is such a refusal (the
-  // backend's cuda_error is one); a logic_error would be the pool's own bug, and bad_alloc the
-  // host's shortage: those propagate.
+  // goes on to its next source with what did move. Only a refusal (Backend::refused) is taken
+  // so; any other failure (a sticky error, the pool's own bug, the host's shortage) propagates,
+  // and the callers give back the addresses from `dst` on.
   for (const free_chunk& m : chunks) {
     const std::uint64_t at = dst;
     if (m.stamp == 0) {
-      cut_out(m.va, m.size);
+      cut_out(m.va, m.size);  // out of host memory: nothing has changed
       try {
         space_.map(at, space_.unmap(m.va));  // refused: the memory goes back to the device
-      } catch (const std::runtime_error&) {
+      } catch (const std::exception& e) {
+        if (history_.on()) [[unlikely]] history_.note(history_op::release, 0, m.va, m.size);
+        if (!Backend::refused(e)) throw;
         return false;
       }
       dst += m.size;
-      place_mapped(at, m.size, &clear_, &st);
+      try {
+        place_mapped(at, m.size, &clear_, &st);  // out of host memory: the memory goes back
+      } catch (...) {  // (its move was not noted: the history last saw it at m.va)
+        if (history_.on()) [[unlikely]] history_.note(history_op::release, 0, m.va, m.size);
+        throw;
+      }
     } else {
+      // Host memory first, so that nothing fails once the chunk is mapped twice.
+      const auto slot = chain_.prepare_place(at, m.size);
       try {
         space_.map_alias(m.va, at, &st, m.stamp);  // refused: nothing has changed
-      } catch (const std::runtime_error&) {
+      } catch (const std::exception& e) {
+        chain_.abandon_place(slot);
+        if (!Backend::refused(e)) throw;
         return false;
+      }
+      try {
+        cut_out(m.va, m.size);
+      } catch (...) {  // out of host memory: the alias is undone
+        space_.undo_alias(at);
+        chain_.abandon_place(slot);
+        throw;
       }
       dst += m.size;
       ++st.aliases;
-      cut_out(m.va, m.size);
-      block* b = chain_.place(at, m.size);
+      block* b = chain_.finish_place(slot);
       set_state(b, block_state::pending);
       b->stream = st.record->id();
       b->stamp = m.stamp;  // ordered after the frees its memory came from
@@ -135,8 +156,8 @@ bool pool_core<Backend>::remap_to(std::uint64_t& dst, const std::vector<free_chu
 
 /// Gives back [from, to), addresses taken for chunks that were not mapped there.
 template <pool_backend Backend>
-void pool_core<Backend>::give_back_unmapped(std::uint64_t from, std::uint64_t to) {
-  if (from != to) space_.free_addresses().give_back(from, to - from);
+void pool_core<Backend>::give_back_unmapped(std::uint64_t from, std::uint64_t to) noexcept {
+  if (from != to) space_.free_addresses().give_back_or_drop(from, to - from);
 }
 
 /// The earlier mappings of chunks moved as `st`'s aliases whose frees are now known complete:
@@ -231,7 +252,13 @@ block* pool_core<Backend>::defragment_and_grow(std::uint64_t n, state& st) {
   if (options_.max_size != 0 && space_.held() + need > options_.max_size) return nullptr;
   handle h{};
   if (backend_.create(need, h) != CUDA_SUCCESS) return nullptr;
-  const std::optional<std::uint64_t> at = space_.take_or_reserve(total + need);
+  std::optional<std::uint64_t> at;
+  try {
+    at = space_.take_or_reserve(total + need);
+  } catch (...) {  // out of host memory
+    backend_.release(h);
+    throw;
+  }
   if (!at) {
     backend_.release(h);
     return nullptr;
@@ -259,7 +286,12 @@ block* pool_core<Backend>::defragment_and_grow(std::uint64_t n, state& st) {
     throw;
   }
   if (history_.on()) [[unlikely]] history_.note(history_op::grow, st.record->id(), dst, need);
-  place_mapped(dst, need, &clear_, &st);
+  try {
+    place_mapped(dst, need, &clear_, &st);
+  } catch (...) {  // out of host memory: the memory went back
+    if (history_.on()) [[unlikely]] history_.note(history_op::release, 0, dst, need);
+    throw;
+  }
   return usable_after_remap(n, st);
 }
 

@@ -21,6 +21,7 @@
 #include <streamalloc/address_reservation.hpp>
 #include <streamalloc/detail/driver/context.hpp>
 #include <streamalloc/detail/driver/driver_api.hpp>
+#include <streamalloc/error.hpp>
 #include <streamalloc/detail/core/pool_core.hpp>
 #include <streamalloc/mapping.hpp>
 #include <streamalloc/physical_allocation.hpp>
@@ -103,6 +104,12 @@ class vmm_backend {
     apply(va, bytes, access_);
     if (const std::uint64_t peers = peers_at(va); peers != 0) apply_peers(va, bytes, peers);
     maps_.emplace(va, std::move(m));
+  }
+  /// The driver refused a mapping for lack of memory (cuMemMap or cuMemSetAccess returned
+  /// CUDA_ERROR_OUT_OF_MEMORY); any other failure is an error the caller must hear.
+  static bool refused(const std::exception& e) noexcept {
+    const auto* c = dynamic_cast<const cuda_error*>(&e);
+    return c != nullptr && c->code() == CUDA_ERROR_OUT_OF_MEMORY;
   }
   void unmap(std::uint64_t va, std::uint64_t) noexcept {
     std::lock_guard lock(*access_mutex_);
