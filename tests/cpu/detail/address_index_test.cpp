@@ -2,6 +2,8 @@
 
 #include <doctest/doctest.h>
 
+#include "failing_new.hpp"
+
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
@@ -12,22 +14,7 @@
 #include <utility>
 #include <vector>
 
-namespace {
-// How many more allocations succeed before one throws; negative: all do. Set only around the
-// index's inserts, to check that a failed one changes nothing.
-int allocations_until_failure = -1;
-}  // namespace
-
-// Out of line: inlined, GCC 12 at -O2 takes the malloc/free pair for a mismatched new/delete.
-
-[[gnu::noinline]] void* operator new(std::size_t bytes) {
-  if (allocations_until_failure == 0) throw std::bad_alloc();
-  if (allocations_until_failure > 0) --allocations_until_failure;
-  if (void* p = std::malloc(bytes == 0 ? 1 : bytes)) return p;
-  throw std::bad_alloc();
-}
-[[gnu::noinline]] void operator delete(void* p) noexcept { std::free(p); }
-[[gnu::noinline]] void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+using test_support::allocations_until_failure;
 
 namespace {
 

@@ -1,14 +1,15 @@
 // The pool core out of host memory: the host heap fails from the k-th allocation a request
 // makes (its blocks, index entries, address ranges, the table of live blocks) on, for each k in
-// turn, while the simulated device's own bookkeeping never does. After each failure the pool must be whole:
-// free addresses consistent with what is mapped, no mapping outside the address chain (which
-// would poison later defragmentation), and every byte of device memory back once all is freed.
-// A binary of its own: it replaces the global operator new.
+// turn, while the simulated device's own bookkeeping never does. After each failure the pool
+// must be whole: free addresses consistent with what is mapped, no mapping outside the address
+// chain (which would poison later defragmentation), and every byte of device memory back once
+// all is freed. A binary of its own: failing_new.hpp replaces the global operator new.
 
 #include <streamalloc/detail/core/pool_core.hpp>
 
 #include <doctest/doctest.h>
 
+#include "failing_new.hpp"
 #include "sim_backend.hpp"
 #include "test_streams.hpp"
 
@@ -20,25 +21,10 @@
 #include <vector>
 
 namespace {
-// How many more allocations succeed before all others throw; negative: all succeed.
-int allocations_until_failure = -1;
-// Set while the simulated device runs: its maps are the test's, not the pool's.
-thread_local bool device_running = false;
+
+using test_support::allocations_until_failure;
 // Requests after which the pool reported addresses it could not give back.
 int requests_that_dropped_addresses = 0;
-}  // namespace
-
-// Out of line: inlined, GCC 12 at -O2 takes the malloc/free pair for a mismatched new/delete.
-[[gnu::noinline]] void* operator new(std::size_t bytes) {
-  if (!device_running && allocations_until_failure == 0) throw std::bad_alloc();
-  if (!device_running && allocations_until_failure > 0) --allocations_until_failure;
-  if (void* p = std::malloc(bytes == 0 ? 1 : bytes)) return p;
-  throw std::bad_alloc();
-}
-[[gnu::noinline]] void operator delete(void* p) noexcept { std::free(p); }
-[[gnu::noinline]] void operator delete(void* p, std::size_t) noexcept { std::free(p); }
-
-namespace {
 
 using namespace streamalloc::detail;
 using streamalloc_test::sim_backend;
@@ -56,9 +42,9 @@ struct device_backend {
     explicit capture_guard(device_backend&) noexcept {}
   };
   struct device_call {
-    bool was = device_running;
-    device_call() noexcept { device_running = true; }
-    ~device_call() { device_running = was; }
+    bool was = test_support::allocations_exempt;
+    device_call() noexcept { test_support::allocations_exempt = true; }
+    ~device_call() { test_support::allocations_exempt = was; }
   };
   sim_backend sim;
 

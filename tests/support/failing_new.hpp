@@ -1,0 +1,31 @@
+#pragma once
+
+// A global operator new that fails on request, for tests that check that running out of host
+// memory changes nothing (or loses nothing). Include it in exactly one file of a test binary:
+// it replaces the program's operator new and delete.
+
+#include <cstddef>
+#include <cstdlib>
+#include <new>
+
+namespace test_support {
+/// How many more allocations succeed before every later one throws std::bad_alloc; negative:
+/// all succeed. Set only around the calls under test.
+inline int allocations_until_failure = -1;
+/// While set on a thread, its allocations neither fail nor count (a simulated device's own
+/// bookkeeping, say, which is the test's and not the code's under test).
+inline thread_local bool allocations_exempt = false;
+}  // namespace test_support
+
+// Out of line: inlined, GCC 12 at -O2 takes the malloc/free pair for a mismatched new/delete.
+[[gnu::noinline]] void* operator new(std::size_t bytes) {
+  using test_support::allocations_until_failure;
+  if (!test_support::allocations_exempt) {
+    if (allocations_until_failure == 0) throw std::bad_alloc();
+    if (allocations_until_failure > 0) --allocations_until_failure;
+  }
+  if (void* p = std::malloc(bytes == 0 ? 1 : bytes)) return p;
+  throw std::bad_alloc();
+}
+[[gnu::noinline]] void operator delete(void* p) noexcept { std::free(p); }
+[[gnu::noinline]] void operator delete(void* p, std::size_t) noexcept { std::free(p); }
