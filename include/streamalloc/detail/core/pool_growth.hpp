@@ -83,6 +83,10 @@ block* pool_core<Backend>::grow(std::uint64_t n, state& st, placement where, boo
   std::vector<handle> handles(sizes.size());
   bool released = false;
   std::size_t made = 0;
+  auto release_made = [&] {
+    for (std::size_t j = 0; j < made; ++j) backend_.release(handles[j]);
+    made = 0;
+  };
   std::optional<std::uint64_t> va;
   // Out of host memory (releasing free chunks, taking addresses), the handles made go back.
   try {
@@ -94,7 +98,7 @@ block* pool_core<Backend>::grow(std::uint64_t n, state& st, placement where, boo
         r = backend_.create(sizes[i], handles[i]);
       }
       if (r != CUDA_SUCCESS) {
-        for (std::size_t j = 0; j < i; ++j) backend_.release(handles[j]);
+        release_made();
         return nullptr;
       }
       ++made;
@@ -108,8 +112,7 @@ block* pool_core<Backend>::grow(std::uint64_t n, state& st, placement where, boo
     // its own size, which may be less than `total`.
     if (tail != nullptr) va = space_.free_addresses().take_at(total, tail->addr + tail->size);
     if (!va && total < n) {  // away from the tail, too little to hold the request
-      for (auto& h : handles) backend_.release(h);
-      made = 0;
+      release_made();
       // The release took the tail this growth was sized for, and freed device memory: sized
       // afresh, without that tail, the request may now fit.
       return released && !again ? grow(n, st, where, true) : nullptr;
@@ -130,11 +133,11 @@ block* pool_core<Backend>::grow(std::uint64_t n, state& st, placement where, boo
     }
     if (!va) va = space_.free_addresses().take(total);
     if (!va) {
-      for (auto& h : handles) backend_.release(h);
+      release_made();
       return nullptr;
     }
   } catch (...) {  // (a retry above that throws has released its own)
-    for (std::size_t j = 0; j < made; ++j) backend_.release(handles[j]);
+    release_made();
     throw;
   }
   space_.note_growth(total);
