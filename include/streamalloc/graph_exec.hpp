@@ -199,7 +199,9 @@ class graph_exec {
    *   message says how many and how to free them); nothing is launched
    * @throws std::invalid_argument when `s` is being captured (add the graph to the other as a
    *   child graph node instead: this executable's memory would not be tied to that graph)
-   * @throws cuda_error when the driver refuses the launch
+   * @throws cuda_error when the driver refuses the launch, or (CUDA_ERROR_OUT_OF_MEMORY from
+   *   cuMemMap) when the graph's memory, moved for this stream, could be mapped neither there
+   *   nor back where it was: then nothing is launched, and the next launch tries again
    */
   void launch(stream_ref s) {
     if (exec_ == nullptr) [[unlikely]] detail::throw_empty_exec("launch");
@@ -216,7 +218,7 @@ class graph_exec {
           throw std::logic_error("streamalloc::graph_exec::launch: " + why);
         }
       }
-      bind_memory(s);
+      if (!bind_memory(s)) [[unlikely]] throw_memory_lost("launch");
       for (detail::graph_tie* t : ties_) t->launched();
     }
     detail::check(detail::cu::cuGraphLaunch_nothrow(exec_, s.get()), "cuGraphLaunch",
@@ -232,10 +234,11 @@ class graph_exec {
   /// moves graph memory it may share onto the pages of the graphs launched into `s`, so that
   /// launches into `s` do no mapping work.
   /// @throws std::logic_error when empty
-  /// @throws cuda_error when the driver refuses it
+  /// @throws cuda_error when the driver refuses it, or when the graph's memory could be mapped
+  ///   neither at `s`'s pages nor back (as launch)
   void upload(stream_ref s) {
     if (exec_ == nullptr) [[unlikely]] detail::throw_empty_exec("upload");
-    bind_memory(s);
+    if (!bind_memory(s)) [[unlikely]] throw_memory_lost("upload");
     detail::check(detail::cu::cuGraphUpload_nothrow(exec_, s.get()), "cuGraphUpload",
                   [] { return std::string("uploading a streamalloc::graph_exec"); });
   }
@@ -263,17 +266,27 @@ class graph_exec {
 
   /// Before a launch or upload into `s`: the memory of each pool this executable alone holds
   /// moves, if it must, onto the pages shared by the graphs launched into `s` (see the class).
-  void bind_memory(stream_ref s) noexcept {
+  /// False when a graph's memory is lost (graph_tie::bind): it must not run.
+  bool bind_memory(stream_ref s) noexcept {
     unsigned long long id = 0;
-    bool known = false;
+    bool asked = false, known = false, mapped = true;
     for (detail::graph_tie* t : ties_) {
       if (!t->launched_only_by_one_exec()) continue;
-      if (!known) {
-        if (detail::cu::cuStreamGetId_nothrow(s.get(), &id) != CUDA_SUCCESS) return;  // stays where it is
-        known = true;
+      if (!asked) {
+        asked = true;
+        known = detail::cu::cuStreamGetId_nothrow(s.get(), &id) == CUDA_SUCCESS;  // unknown: stays where it is
       }
-      t->bind(id + 1, done_);
+      mapped = t->bind(known ? id + 1 : 0, done_) && mapped;
     }
+    return mapped;
+  }
+
+  [[noreturn]] static void throw_memory_lost(const char* what) {
+    throw cuda_error(CUDA_ERROR_OUT_OF_MEMORY, "cuMemMap",
+                     std::string("streamalloc::graph_exec::") + what +
+                         ": the graph's memory could not be mapped onto the pages of the stream it is launched into, nor "
+                         "back where it was (the device refused both mappings); nothing is mapped under its allocations, so "
+                         "it is not run. The next launch or upload tries again; freeing device memory helps");
   }
 
   /// Instantiates `graph`, or, when this holds its streamalloc memory, a clone of it with the

@@ -13,7 +13,10 @@
 
 #include "fake_driver.hpp"
 
+#include <chrono>
 #include <stdexcept>
+#include <string>
+#include <thread>
 
 using namespace streamalloc;
 namespace cu = streamalloc::detail::cu;
@@ -119,6 +122,44 @@ TEST_CASE("relaunching with the last launch's allocations live is refused, unles
   // The last launch left x live, never freed since: an ordinary allocation of the pool now.
   CHECK(p.statistics().live_allocations == 1);
   p.deallocate(x, s.ref());
+}
+
+TEST_CASE("graph memory the device will not map at the launch stream's pages, nor back: not launched, the next launch maps it") {
+  pool p;
+  stream s;
+  captured_graph g = capture_one(p, s, 16 * MiB, true);
+  graph_exec e(g);
+  g.reset();  // the executable alone holds the graph: its memory moves onto s's pages at launch
+  streamalloc_test::fake_refuse_maps(3, 1000);  // mid-move, and every mapping back
+  // The graph's user object goes on streamalloc's thread: until then a launch leaves the memory
+  // where it is (and runs); the first launch after it tries to move the memory.
+  bool refused = false;
+  long long launches = 0;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!refused && std::chrono::steady_clock::now() < until) {
+    launches = fake_graphs().launches;
+    try {
+      e.launch(s.ref());
+      (void)s.synchronize();
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    } catch (const cuda_error& err) {
+      refused = true;
+      CHECK(err.code() == CUDA_ERROR_OUT_OF_MEMORY);
+      CHECK(std::string(err.what()).find("nor back where it was") != std::string::npos);
+    }
+  }
+  REQUIRE(refused);
+  CHECK(fake_graphs().launches == launches);  // nothing launched
+  CHECK_THROWS_AS(e.upload(s.ref()), cuda_error);  // refused again: still nothing mapped
+  streamalloc_test::fake_refuse_maps(0, 0);
+  e.launch(s.ref());  // mapped on s's pages now
+  e.launch(s.ref());
+  CHECK(fake_graphs().launches == launches + 2);
+  CHECK(p.statistics().graph_reserved_current == 16 * MiB);
+  e.reset();
+  REQUIRE(reaper_idle());
+  CHECK(p.statistics().graph_reserved_current == 0);
+  CHECK(p.statistics().live_allocations == 0);
 }
 
 TEST_CASE("a launch refused by one pool changes nothing in another") {

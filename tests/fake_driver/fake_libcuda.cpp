@@ -175,6 +175,9 @@ bool peers(int device, int peer) { return device != peer && !isolated(device) &&
 // tests check that a pool reaches the legacy stream of the device it meant.
 std::atomic<long long> legacy_stream_calls[8] = {};
 std::atomic<long long> set_access_calls{0};
+// cuMemMap refused with CUDA_ERROR_OUT_OF_MEMORY, as a device short of memory may: after
+// `maps_before_refusal` more succeed, the next `maps_refused` (fake_cuda_refuse_maps).
+long long maps_before_refusal = 0, maps_refused = 0;
 
 // --- device and context -------------------------------------------------------------------
 
@@ -462,6 +465,12 @@ CUresult fake_cuMemMap(CUdeviceptr p, std::size_t size, std::size_t offset,
   if (next != S().mappings.begin()) {
     auto prev = std::prev(next);
     if (prev->first + prev->second.size > p) return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (maps_refused != 0 && maps_before_refusal != 0) {
+    --maps_before_refusal;
+  } else if (maps_refused != 0) {
+    --maps_refused;
+    return CUDA_ERROR_OUT_OF_MEMORY;
   }
   S().mappings[p] = mapped{size, h};
   ph.mappings++;
@@ -1454,6 +1463,14 @@ __attribute__((visibility("default"))) int fake_cuda_mappings_with_access(int de
     n += f == flags ? 1 : 0;
   }
   return n;
+}
+
+/// For the tests: after `after` more cuMemMap calls succeed, the next `count` are refused with
+/// CUDA_ERROR_OUT_OF_MEMORY (0, 0: none is).
+__attribute__((visibility("default"))) void fake_cuda_refuse_maps(long long after, long long count) {
+  std::lock_guard lock(S().m);
+  maps_before_refusal = after;
+  maps_refused = count;
 }
 
 /// For the tests: cuMemSetAccess calls since the library was loaded.

@@ -115,6 +115,12 @@ inline int fake_mappings_with_access(int device, unsigned long long flags) {
   return fake_hook<int (*)(int, unsigned long long)>("fake_cuda_mappings_with_access")(device, flags);
 }
 
+/// After `after` more cuMemMap calls succeed, the next `count` are refused with
+/// CUDA_ERROR_OUT_OF_MEMORY (0, 0: none is).
+inline void fake_refuse_maps(long long after, long long count) {
+  fake_hook<void (*)(long long, long long)>("fake_cuda_refuse_maps")(after, count);
+}
+
 /// cuMemSetAccess calls since the fake was loaded.
 inline long long fake_set_access_calls() { return fake_hook<long long (*)()>("fake_cuda_set_access_calls")(); }
 

@@ -101,6 +101,23 @@ TEST_CASE("cut takes a range out of a block, returns the pieces around it and sp
   check_matches(c, {{0x20000, 0x1000}, {0x21000, 0x1000}, {0x23000, 0x1000}});
 }
 
+TEST_CASE("cut_whole takes a block out with a run entry made ahead, needing no host memory") {
+  block_chain c;
+  c.place(0x30000, 0x1000);
+  block* mid = c.place(0x31000, 0x2000);
+  block* last = c.place(0x33000, 0x1000);
+  auto spare_mid = block_chain::spare_run();
+  auto spare_last = block_chain::spare_run();
+  allocations_until_failure = 0;
+  c.cut_whole(mid, spare_mid);  // splits the run: the spare entry becomes its second part
+  c.cut_whole(last, spare_last);  // at the run's end: its spare stays unused
+  allocations_until_failure = -1;
+  CHECK(spare_mid.empty());
+  CHECK(!spare_last.empty());
+  check_matches(c, {{0x30000, 0x1000}});
+  CHECK(c.runs() == std::map<std::uint64_t, std::uint64_t>{{0x30000, 0x31000}});
+}
+
 TEST_CASE("out of host memory, place and cut throw having changed nothing") {
   // The pool maps memory, then places it in the chain; it cuts a chunk out before unmapping it.
   // Either may run out of host memory: the chain must then be as it was, for the caller to

@@ -306,3 +306,56 @@ TEST_CASE("out of host memory while splitting a free block: it stays free, whole
   CHECK(pool.addresses_consistent());
   pool.shutdown();
 }
+
+TEST_CASE("out of host memory while a gone graph's shared pieces leave the pool: it goes on, nothing is lost") {
+  // A graph whose allocations all die in each launch, launched into a stream, runs on that
+  // stream's shared pages; when the graph goes, its pieces leave the address chain, in a call
+  // that may not fail. A piece taken from the middle of the pool's mapped memory splits that
+  // run of addresses in two, which once needed a map entry: out of host memory, the process
+  // ended (std::terminate from a noexcept function).
+  core_options o;
+  o.chunk_size = 2 * MiB;
+  o.own_chunk_for_large = false;
+  o.release_threshold = ~0ull;
+  o.address_space = 64ull << 30;
+  auto dev = std::make_shared<sim_device>();
+  auto pool = std::make_unique<core>(device_backend{sim_backend{dev}}, o);
+  auto host = make_stream();
+  host.record->mark_completed(~std::uint64_t{0} >> 1);
+  auto s = make_stream();
+  // Three chunks in one run; the middle one freed and known complete.
+  std::vector<std::uint64_t> p;
+  for (int i = 0; i < 3; ++i) p.push_back(pool->allocate(2 * MiB, s.key()));
+  pool->deallocate(p[1], s.key());
+  host_sync(*dev, s);
+  const auto creates = dev->creates;
+  // Graph 1 allocates 1 MiB (in the free chunk, where it lies) and frees it.
+  const std::uint64_t g = pool->allocate_captured(MiB, 1, s.record->id(), 0, [] {});
+  CHECK(dev->creates == creates);  // the middle chunk, taken in place
+  CHECK(g >= p[1]);
+  CHECK(g < p[1] + 2 * MiB);
+  const stream_key freer = s.key();
+  pool->deallocate_captured(g, 1, s.record->id(), host.key_without_handle(), &freer, [] {});
+  // Launched into stream 100: its piece now runs on that stream's pages.
+  CHECK(pool->bind_graph_memory(1, 100, [] { return true; }));
+  CHECK(dev->creates > creates);  // the stream's shared page
+  allocations_until_failure = 0;
+  pool->release_graph(1, host.key_without_handle());  // must not end the process
+  allocations_until_failure = -1;
+  CHECK(pool->statistics().graph_reserved_current == 0);
+  CHECK(pool->addresses_consistent());
+  CHECK(!dev->is_mapped(p[1], 2 * MiB));  // the piece left the pool with its graph
+  // The pool still serves requests around the hole, and everything comes back.
+  const std::uint64_t again = pool->allocate(6 * MiB, s.key());
+  CHECK(dev->is_mapped(again, 6 * MiB));
+  pool->deallocate(again, s.key());
+  pool->deallocate(p[0], s.key());
+  pool->deallocate(p[2], s.key());
+  host_sync(*dev, s);
+  pool->trim_to(0);
+  CHECK(pool->statistics().reserved_current == 0);
+  CHECK(dev->mapped.empty());
+  CHECK(dev->handles.empty());
+  CHECK(pool->addresses_free() + pool->addresses_dropped() == pool->addresses_reserved());
+  pool->shutdown();
+}

@@ -50,8 +50,8 @@ struct fixture {
     pool->deallocate_captured(p, id, s.record->id(), host.key_without_handle(), &freer, [] {});
   }
   /// A launch of graph `id` into the stream with id `stream`, as graph_exec makes it.
-  void bind(std::uint64_t id, std::uint64_t stream, bool finished = true) {
-    pool->bind_graph_memory(id, stream, [&] {
+  bool bind(std::uint64_t id, std::uint64_t stream, bool finished = true) {
+    return pool->bind_graph_memory(id, stream, [&] {
       ++waits;
       return finished;
     });
@@ -191,4 +191,64 @@ TEST_CASE("a graph's allocations take a free chunk of the pool where it lies, an
   f.pool->deallocate(h, f.host.key_without_handle());
   f.release(1);
   CHECK(f.graph_bytes() == 0);
+}
+
+TEST_CASE("the device refuses to move a graph's memory and to put it back: the graph is lost, and says so") {
+  // Moving a graph's memory unmaps it first; when mapping it at the new place is refused (the
+  // device short of memory), it is mapped back where it was, and that may be refused too.
+  // Then nothing is mapped under the graph's allocations: it must not run (the bind says so),
+  // a later bind may map it, and its release must not unmap what is not mapped.
+  fixture f;
+  const auto a = f.workspace_graph(1, 16 * MiB);  // two pieces of 8 MiB, 8 granules
+  const auto creates = f.dev->creates;
+  auto refuse_from_fourth_map = [&] {
+    f.dev->maps_before_refusal = 3;
+    f.dev->refuse_maps = 1000;
+  };
+  auto nothing_mapped = [&] {
+    for (auto page : f.pages_under(a.front(), 16 * MiB)) CHECK(page == 0);
+  };
+  SUBCASE("from its own memory") {
+    refuse_from_fourth_map();
+    CHECK_FALSE(f.bind(1, 100));
+    nothing_mapped();
+    CHECK(f.graph_bytes() == 0);  // its own memory and the stream's new pages went back
+    CHECK(f.pool->statistics().reserved_current == 0);
+    CHECK(f.dev->creates > creates);
+    SUBCASE("bound again once the device has memory: mapped on the stream's pages") {
+      f.dev->refuse_maps = 0;
+      CHECK(f.bind(1, 100));
+      for (auto page : f.pages_under(a.front(), 16 * MiB)) CHECK(page != 0);
+      CHECK(f.graph_bytes() == 16 * MiB);
+      CHECK(f.bind(1, 100));  // already there
+    }
+    SUBCASE("refused again: still lost") {
+      f.dev->maps_before_refusal = 0;
+      CHECK_FALSE(f.bind(1, 100));
+      nothing_mapped();
+      CHECK(f.graph_bytes() == 0);
+      f.dev->refuse_maps = 0;
+    }
+    SUBCASE("an unknown stream: nothing moves, and the graph is still lost") {
+      f.dev->refuse_maps = 0;
+      CHECK_FALSE(f.bind(1, 0));
+      nothing_mapped();
+    }
+  }
+  SUBCASE("from another stream's pages") {
+    CHECK(f.bind(1, 100));
+    refuse_from_fourth_map();
+    CHECK_FALSE(f.bind(1, 200));
+    nothing_mapped();
+    CHECK(f.graph_bytes() == 0);  // both streams' pages went back: no graph maps them
+    f.dev->refuse_maps = 0;
+  }
+  f.dev->refuse_maps = 0;
+  f.release(1);  // unmaps only what is mapped (the simulated device aborts on anything else)
+  CHECK(f.graph_bytes() == 0);
+  CHECK(f.pool->statistics().reserved_current == 0);
+  CHECK(f.pool->addresses_consistent());
+  const auto h = f.pool->allocate(128 * MiB, f.s.key());
+  CHECK(f.dev->is_mapped(h, 128 * MiB));
+  f.pool->deallocate(h, f.s.key());
 }

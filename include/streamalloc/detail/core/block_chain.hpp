@@ -166,6 +166,28 @@ class block_chain {
     return finish_cut(b, prepare_cut(b, b, va, size));
   }
 
+  /// An entry of the runs made ahead (spare_run), for a cut that may not fail (cut_whole).
+  using run_node = std::map<std::uint64_t, std::uint64_t>::node_type;
+  /// Makes a run entry now, where running out of host memory may throw, for a cut_whole later.
+  static run_node spare_run() {
+    std::map<std::uint64_t, std::uint64_t> m;
+    m.emplace(0, 0);
+    return m.extract(m.begin());
+  }
+  /// Takes `b`'s whole range out of the chain without host memory, for callers that may not
+  /// fail (a gone graph's pieces): where the range splits a run, `spare` (from spare_run)
+  /// becomes the entry of the run's part after it; else it stays unused.
+  void cut_whole(block* b, run_node& spare) noexcept {
+    const std::uint64_t end = b->addr + b->size;
+    const std::uint64_t run_end = std::prev(runs_.upper_bound(b->addr))->second;
+    if (end < run_end) {
+      spare.key() = end;
+      spare.mapped() = run_end;
+      runs_.insert(std::move(spare));  // a node handle's insert allocates nothing
+    }
+    (void)finish_cut(b, cut_pieces{b->addr, b->size, nullptr, nullptr});
+  }
+
   /// The block starting at or before `addr` (the one holding it, if `addr` is mapped); null if none.
   [[nodiscard]] block* at_or_before(std::uint64_t addr) const noexcept { return index_.at_or_before(addr); }
   /// The block starting before `addr` (at `addr - 1` or below); null if none.

@@ -25,6 +25,7 @@
 // pool's lock guards it.
 
 #include <streamalloc/detail/core/block.hpp>
+#include <streamalloc/detail/core/block_chain.hpp>
 
 #include <algorithm>
 #include <cstdint>
@@ -50,12 +51,19 @@ struct graph_segment {
   /// blocks are the graph's, allocated (in `blocks`) or not yet (`spare`).
   std::vector<std::pair<std::uint64_t, std::uint64_t>> pieces;
   std::uint64_t piece_bytes = 0;
+  /// One run entry made with each piece: dropping a piece from the middle of a mapped run
+  /// splits the run, and the drop (when the graph is gone) may not fail for host memory.
+  std::vector<block_chain::run_node> run_spares;
   std::vector<block*> spare;
   /// 0: the pieces' own physical memory is mapped under them; otherwise the id of the stream
   /// whose shared pages are (pool_graph_memory.hpp).
   std::uint64_t bound_to = 0;
   /// Found not to free all it allocates once only a graph_exec held it: never shared.
   bool keeps_own = false;
+  /// Its memory could not be moved, nor put back where it was: the device refused mappings
+  /// both ways (pool_core::rebind). Nothing is mapped under its pieces, so it must not run;
+  /// binding it to a stream again maps that stream's pages under them.
+  bool lost = false;
   /// Devices given read-write access to the pieces beyond the pool's own access, for the
   /// graph's life (bit d: device d): what its allocations asked for (pool_core::grant_graph_peers).
   std::uint64_t peers = 0;

@@ -304,9 +304,12 @@ class pool_core final : public completion_listener {
   /// memory onto the pages shared by the graphs launched into that stream, if it frees all it
   /// allocates (pool_graph_memory.hpp). `wait_previous()` waits for the graph's last launch
   /// (false: it could not, and nothing moves); called without the lock, only when memory must
-  /// move. Never fails: memory that cannot move stays where it is, which is correct.
+  /// move. Stream 0: the stream is not known, and nothing moves. Memory that cannot move stays
+  /// where it is, which is correct. Returns false only when the graph's memory is lost (the
+  /// device refused to map it either at the stream's pages or back where it was): then nothing
+  /// is mapped under its allocations, and it must not run until a later bind succeeds.
   template <class Wait>
-  void bind_graph_memory(std::uint64_t capture, std::uint64_t stream, Wait&& wait_previous) noexcept;
+  bool bind_graph_memory(std::uint64_t capture, std::uint64_t stream, Wait&& wait_previous) noexcept;
   /// The size of the block at `p` the graph of `capture` allocated (by capture or by hand),
   /// whether it is live after launches or freed, in the graph or after a launch; 0 when `p` is
   /// not the start of one (memory the graph adopted is the host's allocation, not the graph's).
@@ -566,12 +569,18 @@ class pool_core final : public completion_listener {
   /// Calls `f(address, index)` for each granule of `seg`'s pieces, in order.
   template <class F>
   void for_each_granule(const graph_segment& seg, F&& f);
-  /// Maps `seg`'s pieces onto `stream`'s pages (made as needed); throws, changing nothing, when
-  /// it cannot.
+  /// Maps `seg`'s pieces onto `stream`'s pages (made as needed); throws when it cannot, with
+  /// the pieces' memory put back where it was (put_back), or, when the device refuses that too,
+  /// with `seg` lost.
   void rebind(graph_segment& seg, std::uint64_t stream);
+  /// After a failed rebind: maps `seg`'s memory where it was (`own`, its own chunks, unmapped
+  /// from its pieces; else the pages of `from`). When that fails too, unmaps what it mapped,
+  /// gives `own` back to the device and marks `seg` lost.
+  void put_back(graph_segment& seg, shared_pages* from, std::vector<chunk>& own) noexcept;
   /// Releases the pages of `stream` no graph maps; forgets them when no graph is bound.
   void fit_pages(std::uint64_t stream) noexcept;
-  /// A gone graph's pieces, mapped on shared pages: unmapped, out of the chain, addresses given back.
+  /// A gone graph's pieces, mapped on shared pages (or lost): unmapped, out of the chain,
+  /// addresses given back.
   void drop_shared_pieces(graph_segment& seg) noexcept;
   /// Unmaps every graph's shared pages and releases them (the pool is closing).
   void release_all_pages() noexcept;

@@ -68,6 +68,8 @@ void pool_core<Backend>::add_graph_piece(graph_segment& seg, std::uint64_t n) {
   const std::uint64_t need = round_up(n, space_.granularity());
   const std::uint64_t want = round_up(std::max(n, seg.piece_bytes), space_.granularity());
   seg.pieces.reserve(seg.pieces.size() + 1);
+  seg.run_spares.reserve(seg.run_spares.size() + 1);
+  auto run_spare = block_chain::spare_run();
   seg.spare.reserve(seg.spare.size() + 2);  // the piece, and a block given back after a failure
   // A whole free chunk of the pool, taken where it lies, not much larger than wanted; frees
   // known complete count (a new piece is rare: learning them is worth it here).
@@ -127,6 +129,7 @@ void pool_core<Backend>::add_graph_piece(graph_segment& seg, std::uint64_t n) {
   b->use = graph_use::spare;
   b->owner = &seg;
   seg.pieces.emplace_back(va, size);
+  seg.run_spares.push_back(std::move(run_spare));
   seg.piece_bytes += size;
   seg.spare.push_back(b);
   graphs_.note_held(size);
@@ -159,9 +162,14 @@ void pool_core<Backend>::forget_graph_peers(const graph_segment& seg) noexcept {
 
 template <pool_backend Backend>
 template <class Wait>
-void pool_core<Backend>::bind_graph_memory(std::uint64_t capture, std::uint64_t stream, Wait&& wait_previous) noexcept {
+bool pool_core<Backend>::bind_graph_memory(std::uint64_t capture, std::uint64_t stream, Wait&& wait_previous) noexcept {
+  auto lost = [&] {
+    const graph_segment* seg = graphs_.find(capture);
+    return seg != nullptr && seg->lost;
+  };
   auto must_move = [&]() -> graph_segment* {
     graph_segment* seg = graphs_.find(capture);
+    if (stream == 0) return nullptr;  // the stream is not known: nothing moves
     if (seg == nullptr || seg->pieces.empty() || seg->bound_to == stream || seg->keeps_own) return nullptr;
     // Once only a graph_exec holds the graph (the caller's promise), what it frees is fixed.
     if (!seg->frees_all()) {
@@ -172,17 +180,21 @@ void pool_core<Backend>::bind_graph_memory(std::uint64_t capture, std::uint64_t 
   };
   {
     std::lock_guard lock(mutex_);
-    if (must_move() == nullptr) return;
+    if (must_move() == nullptr) return !lost();
   }
-  if (!wait_previous()) return;  // not known finished: its memory stays where it is
+  if (!wait_previous()) {  // not known finished: its memory stays where it is
+    std::lock_guard lock(mutex_);
+    return !lost();
+  }
   const capture_guard relaxed(backend_);
   std::lock_guard lock(mutex_);
   if (graph_segment* seg = must_move()) {
     try {
       rebind(*seg, stream);
-    } catch (...) {  // no memory for the pages: the graph keeps what it has, which is correct
+    } catch (...) {  // no memory for the pages: the graph keeps what it has (unless it is lost)
     }
   }
+  return !lost();
 }
 
 template <pool_backend Backend>
@@ -226,7 +238,9 @@ void pool_core<Backend>::rebind(graph_segment& seg, std::uint64_t stream) {
   shared_pages* from = seg.bound_to != 0 ? pages_of(seg.bound_to) : nullptr;
   std::vector<chunk> own;
   own.reserve(seg.pieces.size());
-  if (from == nullptr) {
+  if (seg.lost) {
+    // Nothing is mapped under its pieces (put_back): the pages go under them now.
+  } else if (from == nullptr) {
     for (const auto& [va, size] : seg.pieces) own.push_back(space_.unmap_in_place(va));
   } else {
     for_each_granule(seg, [&](std::uint64_t va, std::size_t) { backend_.unmap(va, g); });
@@ -241,16 +255,13 @@ void pool_core<Backend>::rebind(graph_segment& seg, std::uint64_t stream) {
     for_each_granule(seg, [&](std::uint64_t va, std::size_t i) {
       if (i < mapped) backend_.unmap(va, g);
     });
-    if (from == nullptr) {
-      for (std::size_t k = 0; k < own.size(); ++k) space_.map(seg.pieces[k].first, std::move(own[k]));
-    } else {
-      for_each_granule(seg, [&](std::uint64_t va, std::size_t i) { backend_.map(va, g, from->pages[i]); });
-    }
+    if (!seg.lost) put_back(seg, from, own);
     fit_pages(stream);
     throw;
   }
   const std::uint64_t left = seg.bound_to;
   seg.bound_to = stream;
+  seg.lost = false;
   ++to->bound;
   if (from == nullptr) {
     for (chunk& c : own) {
@@ -261,6 +272,44 @@ void pool_core<Backend>::rebind(graph_segment& seg, std::uint64_t stream) {
     --from->bound;
     fit_pages(left);
   }
+}
+
+template <pool_backend Backend>
+void pool_core<Backend>::put_back(graph_segment& seg, shared_pages* from, std::vector<chunk>& own) noexcept {
+  const std::uint64_t g = space_.granularity();
+  std::size_t back = 0;  // pieces (own memory) or granules (another stream's pages) mapped again
+  try {
+    if (from == nullptr) {
+      for (; back < own.size(); ++back) space_.map(seg.pieces[back].first, std::move(own[back]));
+    } else {
+      for_each_granule(seg, [&](std::uint64_t va, std::size_t i) {
+        backend_.map(va, g, from->pages[i]);
+        back = i + 1;
+      });
+    }
+    return;
+  } catch (...) {  // refused (or out of host memory): the graph is left with no memory at all
+  }
+  if (from == nullptr) {
+    // own[back] went back to the device with its failed mapping; those before it are mapped
+    // again and those after it are still held: all go back, as the graph cannot use them.
+    for (std::size_t k = 0; k < own.size(); ++k) {
+      const auto [va, size] = seg.pieces[k];
+      if (k < back) own[k] = space_.unmap_in_place(va);
+      if (k != back) space_.release(std::move(own[k]));
+      graphs_.note_released(size);
+      if (history_.on()) [[unlikely]] history_.note(history_op::release, 0, va, size);
+    }
+  } else {
+    for_each_granule(seg, [&](std::uint64_t va, std::size_t i) {
+      if (i < back) backend_.unmap(va, g);
+    });
+    --from->bound;
+  }
+  const std::uint64_t left = seg.bound_to;
+  seg.bound_to = 0;
+  seg.lost = true;
+  fit_pages(left);
 }
 
 template <pool_backend Backend>
@@ -285,25 +334,25 @@ void pool_core<Backend>::fit_pages(std::uint64_t stream) noexcept {
 template <pool_backend Backend>
 void pool_core<Backend>::drop_shared_pieces(graph_segment& seg) noexcept {
   const std::uint64_t g = space_.granularity();
-  for_each_granule(seg, [&](std::uint64_t va, std::size_t) { backend_.unmap(va, g); });
-  for (const auto& [va, size] : seg.pieces) {
-    // Its blocks, all the graph's and none live (frees_all), become one, then leave the chain.
+  if (!seg.lost) for_each_granule(seg, [&](std::uint64_t va, std::size_t) { backend_.unmap(va, g); });
+  for (std::size_t i = 0; i < seg.pieces.size(); ++i) {
+    const auto [va, size] = seg.pieces[i];
+    // Its blocks, all the graph's and none live (frees_all), become one, then leave the chain:
+    // with the run entry made with the piece, nothing here needs host memory.
     block* b = chain_.starting_at(va);
     while (b->size < size) {
       block* x = b->next_addr;
       b->size += x->size;
       unlink(x);
     }
-    (void)chain_.cut(b, va, size);  // the whole block: nothing before or after to make
-    try {
-      space_.free_addresses().give_back(va, size);
-    } catch (...) {  // out of host memory: those addresses stay unused
-    }
+    chain_.cut_whole(b, seg.run_spares[i]);
+    space_.free_addresses().give_back_or_drop(va, size);  // out of host memory: counted, unused
   }
   if (shared_pages* p = pages_of(seg.bound_to)) --p->bound;
   const std::uint64_t stream = seg.bound_to;
   seg.bound_to = 0;
   seg.pieces.clear();
+  seg.run_spares.clear();
   seg.spare.clear();
   fit_pages(stream);
 }

@@ -239,7 +239,7 @@ void pool_core<Backend>::release_graph(std::uint64_t capture, stream_key host) n
   if (seg == nullptr) return;
   // Merging below may absorb a block of this segment handled earlier into a later one's
   // neighbour, never one still to come: those are in state graph until their turn.
-  const bool shared = seg->bound_to != 0;
+  const bool shared = seg->bound_to != 0 || seg->lost;  // pieces on a stream's pages, or on none
   for (block* b : seg->blocks) {
     if (b->use == graph_use::adopted) graphs_.note_released(b->size);
     if (shared && b->use != graph_use::adopted) continue;  // on shared pages: dropped below

@@ -48,8 +48,10 @@ struct graph_tie : reaper_job {
   /// It is about to be launched or uploaded into the stream with id `stream` (plus one: never
   /// 0) by the one graph_exec that holds it alone (`launched_only_by_one_exec`): its memory may
   /// move onto pages shared by the graphs of that stream (pool_core::bind_graph_memory).
-  /// `last`: the event recorded after that executable's last launch.
-  virtual void bind(std::uint64_t stream, CUevent last) noexcept = 0;
+  /// `last`: the event recorded after that executable's last launch. Stream 0: not known;
+  /// nothing moves. False when the graph's memory is lost (pool_core::bind_graph_memory): the
+  /// graph must not run.
+  virtual bool bind(std::uint64_t stream, CUevent last) noexcept = 0;
   /// The size of the allocation starting at `p` that the graph made of this pool; 0 if none
   /// (pool_core::graph_block_size).
   [[nodiscard]] virtual std::uint64_t allocation_size(std::uint64_t p) = 0;

@@ -89,8 +89,8 @@ struct pool_graph_tie final : graph_tie {
 
   std::string launch_refusal(bool auto_free) override { return core->graph_launch_refusal(capture, auto_free); }
   void launched() noexcept override { core->graph_launched(capture); }
-  void bind(std::uint64_t stream, CUevent last) noexcept override {
-    core->bind_graph_memory(capture, stream, [last] {
+  bool bind(std::uint64_t stream, CUevent last) noexcept override {
+    return core->bind_graph_memory(capture, stream, [last] {
       // Relaxed: another thread's global-mode capture would refuse the wait and break.
       const relaxed_capture_mode relaxed;
       return cu::cuEventSynchronize_nothrow(last) == CUDA_SUCCESS;
