@@ -101,9 +101,10 @@ class block_chain {
   }
 
   /// What cutting [va, va + size) out of the chain needs of host memory, taken ahead by
-  /// prepare_cut: the pieces before and after the range and the entry of the run after it.
+  /// prepare_cut: where the range starts, and the pieces before and after it (the entry of the
+  /// run after it is in the runs already).
   struct cut_pieces {
-    std::uint64_t va = 0, size = 0;
+    std::uint64_t va = 0;
     block* before = nullptr;
     block* after = nullptr;
   };
@@ -114,7 +115,7 @@ class block_chain {
   cut_pieces prepare_cut(const block* first, const block* last, std::uint64_t va, std::uint64_t size) {
     const std::uint64_t run_end = std::prev(runs_.upper_bound(va))->second;
     const std::uint64_t last_end = last->addr + last->size;
-    cut_pieces p{va, size, nullptr, nullptr};
+    cut_pieces p{va, nullptr, nullptr};
     p.before = first->addr < va ? arena_.make(first->addr, va - first->addr) : nullptr;
     try {
       if (last_end > va + size) p.after = make(va + size, last_end - va - size);
@@ -185,7 +186,7 @@ class block_chain {
       spare.mapped() = run_end;
       runs_.insert(std::move(spare));  // a node handle's insert allocates nothing
     }
-    (void)finish_cut(b, cut_pieces{b->addr, b->size, nullptr, nullptr});
+    (void)finish_cut(b, cut_pieces{b->addr, nullptr, nullptr});
   }
 
   /// The block starting at or before `addr` (the one holding it, if `addr` is mapped); null if none.
