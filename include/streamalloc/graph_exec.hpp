@@ -284,9 +284,10 @@ class graph_exec {
   [[noreturn]] static void throw_memory_lost(const char* what) {
     throw cuda_error(CUDA_ERROR_OUT_OF_MEMORY, "cuMemMap",
                      std::string("streamalloc::graph_exec::") + what +
-                         ": the graph's memory could not be mapped onto the pages of the stream it is launched into, nor "
-                         "back where it was (the device refused both mappings); nothing is mapped under its allocations, so "
-                         "it is not run. The next launch or upload tries again; freeing device memory helps");
+                         ": nothing is mapped under the graph's allocations, so it is not run: moving its memory onto the "
+                         "pages of the stream it was launched into failed, and the device refused to map it back where it "
+                         "was, nor could this call map it (out of device memory). The next launch or upload tries again; "
+                         "freeing device memory helps");
   }
 
   /// Instantiates `graph`, or, when this holds its streamalloc memory, a clone of it with the

@@ -131,6 +131,9 @@ TEST_CASE("graph memory the device will not map at the launch stream's pages, no
   graph_exec e(g);
   g.reset();  // the executable alone holds the graph: its memory moves onto s's pages at launch
   streamalloc_test::fake_refuse_maps(3, 1000);  // mid-move, and every mapping back
+  struct maps_allowed_again {  // whatever happens below, the next test case maps as usual
+    ~maps_allowed_again() { streamalloc_test::fake_refuse_maps(0, 0); }
+  } at_exit;
   // The graph's user object goes on streamalloc's thread: until then a launch leaves the memory
   // where it is (and runs); the first launch after it tries to move the memory.
   bool refused = false;
@@ -145,11 +148,12 @@ TEST_CASE("graph memory the device will not map at the launch stream's pages, no
     } catch (const cuda_error& err) {
       refused = true;
       CHECK(err.code() == CUDA_ERROR_OUT_OF_MEMORY);
-      CHECK(std::string(err.what()).find("nor back where it was") != std::string::npos);
+      CHECK(std::string(err.what()).find("refused to map it back where it was") != std::string::npos);
     }
   }
   REQUIRE(refused);
   CHECK(fake_graphs().launches == launches);  // nothing launched
+  CHECK(p.statistics().graph_reserved_current == 0);  // its own memory went back to the device
   CHECK_THROWS_AS(e.upload(s.ref()), cuda_error);  // refused again: still nothing mapped
   streamalloc_test::fake_refuse_maps(0, 0);
   e.launch(s.ref());  // mapped on s's pages now

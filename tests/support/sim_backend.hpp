@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -36,6 +37,9 @@ struct sim_device {
   // more succeed, the next `refuse_maps` fail (sim_backend::map_refused). With `fail_maps`
   // set, they fail with an error that is not a refusal instead (a sticky error's stand-in).
   std::uint64_t refuse_maps = 0, maps_before_refusal = 0;
+  // Or each map asks this (when set) whether it is refused, for patterns the two counts cannot
+  // make.
+  std::function<bool()> refuse_map;
   bool fail_maps = false;
   std::uint64_t creates = 0, releases = 0, maps = 0, unmaps = 0;
   // The calls the pool makes on its hot paths, each a driver call on a GPU (some 170 to 330 ns
@@ -147,7 +151,9 @@ struct sim_backend {
     if (next != dev->mapped.end() && next->first < va + bytes) throw std::logic_error("map: overlap");
     if (next != dev->mapped.begin() && std::prev(next)->first + std::prev(next)->second > va)
       throw std::logic_error("map: overlap");
-    if (dev->refuse_maps != 0 && dev->maps_before_refusal != 0) {
+    if (dev->refuse_map && dev->refuse_map()) {
+      throw map_refused("map: refused (simulated shortage)");
+    } else if (dev->refuse_maps != 0 && dev->maps_before_refusal != 0) {
       --dev->maps_before_refusal;
     } else if (dev->refuse_maps != 0) {
       --dev->refuse_maps;

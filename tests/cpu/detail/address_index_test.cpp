@@ -221,6 +221,38 @@ TEST_CASE("keys inserted just above the last, between erases and inserts elsewhe
   CHECK(ix.check_invariants());
 }
 
+TEST_CASE("the same keys erased and inserted again and again, and keys beside them, agree with std::map") {
+  // A pool splits and merges its free blocks at the same addresses step after step: the same
+  // keys go and come back, with a neighbour now and then.
+  index ix;
+  model m;
+  std::mt19937_64 rng(11);
+  for (int step = 0; step < 300000; ++step) {
+    std::uint64_t k = (rng() % 2000) * 4096;
+    if (rng() % 8 == 0) k += 256 * (1 + rng() % 3);  // now and then a split at another offset
+    if (m.erase(k) != 0) {
+      ix.erase(k);
+    } else {
+      ix.insert(k, value_for(k, step % 3));
+      m[k] = value_for(k, step % 3);
+    }
+    const std::uint64_t probe = rng() % (2001 * 4096);
+    if (ix.at_or_before(probe) != model_at_or_before(m, probe)) FAIL("at_or_before ", probe);
+    if (ix.find(k) != model_find(m, k)) FAIL("find ", k);
+    if (step % 9999 == 0) check_whole(ix, m);
+  }
+  check_whole(ix, m);
+  // Emptied in key order: leaves empty one after another and merge from the left.
+  for (auto it = m.begin(); it != m.end();) {
+    ix.erase(it->first);
+    it = m.erase(it);
+    const std::uint64_t probe = rng() % (2001 * 4096);
+    if (ix.at_or_before(probe) != model_at_or_before(m, probe)) FAIL("at_or_before ", probe);
+  }
+  check_whole(ix, m);
+  CHECK(ix.empty());
+}
+
 TEST_CASE("random operations agree with std::map, dense and sparse keys") {
   for (std::uint64_t seed : {1, 2, 3, 4}) {
     CAPTURE(seed);

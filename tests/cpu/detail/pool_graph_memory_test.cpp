@@ -214,7 +214,8 @@ TEST_CASE("the device refuses to move a graph's memory and to put it back: the g
     nothing_mapped();
     CHECK(f.graph_bytes() == 0);  // its own memory and the stream's new pages went back
     CHECK(f.pool->statistics().reserved_current == 0);
-    CHECK(f.dev->creates > creates);
+    CHECK(f.dev->handles.empty());
+    CHECK(f.dev->creates == creates + 8);  // the stream's eight pages, made and given back
     SUBCASE("bound again once the device has memory: mapped on the stream's pages") {
       f.dev->refuse_maps = 0;
       CHECK(f.bind(1, 100));
@@ -251,4 +252,73 @@ TEST_CASE("the device refuses to move a graph's memory and to put it back: the g
   const auto h = f.pool->allocate(128 * MiB, f.s.key());
   CHECK(f.dev->is_mapped(h, 128 * MiB));
   f.pool->deallocate(h, f.s.key());
+}
+
+TEST_CASE("putting a graph's memory back is refused part-way: what went back is unmapped again, nothing is lost") {
+  // The move fails at its fourth mapping; putting back then succeeds for a while and is refused
+  // at the `back`-th mapping: what it mapped again is unmapped, and every handle goes back.
+  fixture f;
+  const auto a = f.workspace_graph(1, 16 * MiB);  // two pieces of 8 MiB: 8 granules
+  std::uint64_t calls = 0, back = 0;
+  auto refuse_fourth_and_from_back = [&] {
+    calls = 0;
+    f.dev->refuse_map = [&] {
+      ++calls;
+      return calls == 4 || calls >= 4 + back;
+    };
+  };
+  SUBCASE("from its own memory: the first piece goes back, the second is refused") {
+    back = 2;  // the 5th mapping (piece 0) succeeds, the 6th (piece 1) is refused
+    refuse_fourth_and_from_back();
+    CHECK_FALSE(f.bind(1, 100));
+    CHECK(calls == 6);
+  }
+  SUBCASE("from another stream's pages: five granules go back, the sixth is refused") {
+    REQUIRE(f.bind(1, 100));
+    back = 6;  // the 5th to 9th mappings (granules 0 to 4) succeed, the 10th is refused
+    refuse_fourth_and_from_back();
+    CHECK_FALSE(f.bind(1, 200));
+    CHECK(calls == 10);
+  }
+  f.dev->refuse_map = nullptr;
+  for (auto page : f.pages_under(a.front(), 16 * MiB)) CHECK(page == 0);
+  CHECK(f.dev->mapped.empty());   // the pool held nothing else
+  CHECK(f.dev->handles.empty());  // own memory and every stream's pages went back
+  CHECK(f.graph_bytes() == 0);
+  CHECK(f.pool->statistics().reserved_current == 0);
+  CHECK(f.bind(1, 300));  // the device has memory again: mapped on that stream's pages
+  for (auto page : f.pages_under(a.front(), 16 * MiB)) CHECK(page != 0);
+  CHECK(f.graph_bytes() == 16 * MiB);
+  f.release(1);
+  CHECK(f.dev->handles.empty());
+  CHECK(f.pool->addresses_consistent());
+}
+
+TEST_CASE("a pool's max_size holds while a graph's memory moves onto a stream's pages") {
+  // The pages are made before the graph's own memory goes: a move that would take the pool
+  // above its limit is not made, and the graph stays on its own memory, which is correct.
+  core_options o;
+  o.max_size = 24 * MiB;
+  fixture f(o);
+  const auto a = f.workspace_graph(1, 16 * MiB);
+  const auto own = f.pages_under(a.front(), 16 * MiB);
+  CHECK(f.bind(1, 100));  // 16 MiB held and 16 MiB of pages would be 32 MiB
+  CHECK(f.pages_under(a.front(), 16 * MiB) == own);
+  CHECK(f.graph_bytes() == 16 * MiB);
+  CHECK(f.pool->statistics().reserved_high <= 24 * MiB);
+  f.release(1);
+  CHECK(f.graph_bytes() == 0);
+}
+
+TEST_CASE("with room under max_size, the same graph moves onto the pages") {
+  core_options o;
+  o.max_size = 32 * MiB;
+  fixture f(o);
+  const auto a = f.workspace_graph(1, 16 * MiB);
+  const auto own = f.pages_under(a.front(), 16 * MiB);
+  CHECK(f.bind(1, 100));
+  CHECK(f.pages_under(a.front(), 16 * MiB) != own);
+  CHECK(f.graph_bytes() == 16 * MiB);
+  CHECK(f.pool->statistics().reserved_high == 32 * MiB);  // both, for the moment of the move
+  f.release(1);
 }

@@ -219,9 +219,18 @@ template <pool_backend Backend>
 void pool_core<Backend>::rebind(graph_segment& seg, std::uint64_t stream) {
   const std::uint64_t g = space_.granularity();
   const std::size_t count = seg.piece_bytes / g;
+  // The pool's max_size holds during the move too: the graph's own memory goes only once the
+  // pages are mapped. Above it, the graph stays on what it has.
+  const std::size_t have = pages_of(stream) != nullptr ? pages_of(stream)->pages.size() : 0;
+  if (options_.max_size != 0 && count > have && space_.held() + (count - have) * g > options_.max_size) return;
   if (pages_of(stream) == nullptr) shared_pages_.push_back(shared_pages{stream, {}, 0});
   shared_pages* to = pages_of(stream);
-  to->pages.reserve(count);
+  try {
+    to->pages.reserve(count);
+  } catch (...) {  // out of host memory: an entry no graph is bound to does not stay
+    fit_pages(stream);
+    throw;
+  }
   while (to->pages.size() < count) {
     handle h{};
     CUresult r = backend_.create(g, h);

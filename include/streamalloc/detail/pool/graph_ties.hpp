@@ -45,12 +45,12 @@ struct graph_tie : reaper_job {
   virtual std::string launch_refusal(bool auto_free) = 0;
   /// It is being launched (pool_core::graph_launched).
   virtual void launched() noexcept = 0;
-  /// It is about to be launched or uploaded into the stream with id `stream` (plus one: never
-  /// 0) by the one graph_exec that holds it alone (`launched_only_by_one_exec`): its memory may
-  /// move onto pages shared by the graphs of that stream (pool_core::bind_graph_memory).
-  /// `last`: the event recorded after that executable's last launch. Stream 0: not known;
-  /// nothing moves. False when the graph's memory is lost (pool_core::bind_graph_memory): the
-  /// graph must not run.
+  /// It is about to be launched or uploaded into the stream whose id plus one is `stream` by
+  /// the one graph_exec that holds it alone (`launched_only_by_one_exec`): its memory may move
+  /// onto pages shared by the graphs of that stream (pool_core::bind_graph_memory). 0: the
+  /// stream's id could not be learned, and nothing moves. `last`: the event recorded after that
+  /// executable's last launch. False when the graph's memory is lost
+  /// (pool_core::bind_graph_memory): the graph must not run.
   virtual bool bind(std::uint64_t stream, CUevent last) noexcept = 0;
   /// The size of the allocation starting at `p` that the graph made of this pool; 0 if none
   /// (pool_core::graph_block_size).
