@@ -163,12 +163,12 @@ void pool_core<Backend>::forget_graph_peers(const graph_segment& seg) noexcept {
 template <pool_backend Backend>
 template <class Wait>
 bool pool_core<Backend>::bind_graph_memory(std::uint64_t capture, std::uint64_t stream, Wait&& wait_previous) noexcept {
-  auto lost = [&] {
-    const graph_segment* seg = graphs_.find(capture);
-    return seg != nullptr && seg->lost;
-  };
+  // The segment to move, or null; `lost` says whether its memory is lost now. One lookup per
+  // lock: a launch into the stream the graph is on already asks nothing more.
+  bool lost = false;
   auto must_move = [&]() -> graph_segment* {
     graph_segment* seg = graphs_.find(capture);
+    lost = seg != nullptr && seg->lost;
     if (stream == 0) return nullptr;  // the stream is not known: nothing moves
     if (seg == nullptr || seg->pieces.empty() || seg->bound_to == stream || seg->keeps_own) return nullptr;
     // Once only a graph_exec holds the graph (the caller's promise), what it frees is fixed.
@@ -180,12 +180,9 @@ bool pool_core<Backend>::bind_graph_memory(std::uint64_t capture, std::uint64_t 
   };
   {
     std::lock_guard lock(mutex_);
-    if (must_move() == nullptr) return !lost();
+    if (must_move() == nullptr) return !lost;
   }
-  if (!wait_previous()) {  // not known finished: its memory stays where it is
-    std::lock_guard lock(mutex_);
-    return !lost();
-  }
+  if (!wait_previous()) return !lost;  // not known finished: its memory stays where it is
   const capture_guard relaxed(backend_);
   std::lock_guard lock(mutex_);
   if (graph_segment* seg = must_move()) {
@@ -193,8 +190,9 @@ bool pool_core<Backend>::bind_graph_memory(std::uint64_t capture, std::uint64_t 
       rebind(*seg, stream);
     } catch (...) {  // no memory for the pages: the graph keeps what it has (unless it is lost)
     }
+    lost = seg->lost;
   }
-  return !lost();
+  return !lost;
 }
 
 template <pool_backend Backend>
