@@ -126,13 +126,19 @@ TEST_CASE("a bin whose heads cannot be made keeps its blocks in the overflow, fo
   CHECK(bins.find((3u << 20) + 256, [](block*) { return true; })->size == (4u << 20));
   CHECK(bins.find(1u << 20, [](block* x) { return x->stamp == 7; }) == &blocks[1]);
   CHECK(bins.find(2u << 10, [](block*) { return true; }) == &blocks[0]);
-  std::size_t walked = 0;
-  bins.for_each([&](block* x) {
-    ++walked;
+  // first() goes in for_each's order: the smallest bin, then the overflow; the pool empties a
+  // stream's cache with it.
+  std::vector<block*> walk_order, first_order;
+  bins.for_each([&](block* x) { walk_order.push_back(x); });
+  CHECK(bins.first() == &blocks[0]);
+  while (block* x = bins.first()) {
+    first_order.push_back(x);
     bins.remove(x);
-  });
-  CHECK(walked == 6);
+  }
+  CHECK(first_order == walk_order);
+  CHECK(first_order.size() == 6);
   CHECK(bins.empty());
+  CHECK(bins.first() == nullptr);
   CHECK(bins.overflow_count() == 0);
   CHECK(bins.largest() == 0);
 }

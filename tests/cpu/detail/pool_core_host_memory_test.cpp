@@ -273,6 +273,40 @@ TEST_CASE("out of host memory on the fast path: the cached block stays cached, a
   pool.shutdown();
 }
 
+TEST_CASE("out of host memory when the pool hears a stream was synchronized: its frees are not lost") {
+  // The frees cached on a stream join its pending bins (which needs no host memory), and the
+  // pool then looks for those known complete; out of host memory there, a block taken out of
+  // the pending bins before the list of ready ones could grow was in no bins at all, and its
+  // memory neither reused nor released for the rest of the pool's life.
+  auto dev = std::make_shared<sim_device>();
+  core_options o;
+  o.address_space = 64ull << 30;
+  o.release_threshold = ~0ull;  // freed blocks are cached on their stream
+  core pool(device_backend{sim_backend{dev}}, o);
+  auto s = make_stream();
+  std::vector<std::uint64_t> blocks;
+  for (int i = 0; i < 8; ++i) blocks.push_back(pool.allocate(256 << 10, s.key()));
+  for (const std::uint64_t x : blocks) pool.deallocate(x, s.key());
+  REQUIRE(pool.statistics().reserved_current > 0);
+  pool.set_release_threshold(0);
+  const auto epoch = s.record->begin_synchronize();
+  dev->run(s.native);
+  ordering().complete_stream_quietly(*s.record, epoch);  // the pool has not heard yet
+  allocations_until_failure = 0;
+  pool.on_synchronize(s.record->id());  // as the registry tells it, every host allocation refused
+  allocations_until_failure = -1;
+  // Whatever it could not do waits, and nothing is lost: every byte held is free, and goes
+  // back to the device when asked.
+  const auto st = pool.statistics();
+  CHECK(st.used_current == 0);
+  CHECK(st.free_clear + st.free_pending == st.reserved_current);
+  CHECK(st.largest_free_block == st.reserved_current);  // the frees merged with the rest of the chunk
+  pool.trim_to(0);
+  CHECK(pool.statistics().reserved_current == 0);
+  CHECK(dev->handles.empty());
+  pool.shutdown();
+}
+
 TEST_CASE("out of host memory while splitting a free block: it stays free, whole") {
   // Each small allocation splits the free rest of a chunk; every 1024th needs a new slab of
   // block records. With the host out of memory then, the free block must go back to its bins.

@@ -76,6 +76,9 @@ class completion_tracker {
     }
     const std::uint64_t done = st.record->completed();
     if (done == 0 || st.pending.empty()) return;
+    // Room for every block first: out of host memory, a block taken from the bins and not yet
+    // in `ready` would be in neither, and lost to the pool for good.
+    ready.reserve(ready.size() + st.pending.count());
     st.pending.for_each([&](block* b) {
       if (b->stamp <= done) {
         st.pending.remove(b);
@@ -103,7 +106,13 @@ class completion_tracker {
     // given back here, or they would pile up (each a new CUevent).
     reap(st);
     const clock_snapshot point = st.record->capture();
-    st.events.push_back({backend_.record(s), point.epoch});
+    auto ev = backend_.record(s);
+    try {
+      st.events.push_back({ev, point.epoch});
+    } catch (...) {  // out of host memory: the event is not kept, so it must not outlive this
+      backend_.destroy(ev);
+      throw;
+    }
     st.last_event_epoch = std::max(st.last_event_epoch, point.epoch);
     st.uncovered_bytes.store(0, std::memory_order_relaxed);
   }

@@ -134,6 +134,13 @@ class free_bins {
     walk(overflow_);
   }
 
+  /// The first block of the smallest bin that has one (the overflow list's when only it has);
+  /// null when empty.
+  [[nodiscard]] block* first() const noexcept {
+    const unsigned i = next_nonempty(0);
+    return i < bin_count ? bin_head(i) : overflow_;
+  }
+
   /// The largest block's size (0 when empty).
   [[nodiscard]] std::uint64_t largest() const noexcept {
     std::uint64_t m = 0;

@@ -36,18 +36,21 @@ void pool_core<Backend>::take(block* b, std::uint64_t n) {
 
 template <pool_backend Backend>
 void pool_core<Backend>::flush_cache(state& st) {
-  std::vector<block*> blocks;
-  {
-    std::lock_guard lock(st.lock);
-    if (st.cache.empty()) return;
-    blocks.reserve(st.cache.count());
-    st.cache.for_each([&](block* b) {
+  // One block at a time, in the cache's order (smallest first): a cached neighbour of the block
+  // moving is merged with nothing until its own turn, as when the cache was emptied at once,
+  // and the move needs no host memory (nearly every slow request flushes, most with a block or
+  // two, which a list of them allocated and freed each time).
+  for (;;) {
+    block* b = nullptr;
+    {
+      std::lock_guard lock(st.lock);
+      b = st.cache.first();
+      if (b == nullptr) return;
       st.cache.remove(b);
-      blocks.push_back(b);
-    });
-    st.cache_bytes = 0;
+      st.cache_bytes -= b->size;
+    }
+    free_pending(b, st);
   }
-  for (block* b : blocks) free_pending(b, st);
 }
 
 template <pool_backend Backend>
