@@ -15,12 +15,15 @@
 // for); PyTorch's max_memory_allocated, which counts its blocks rounded up to 512 B, is printed
 // beside it.
 //
-// Time per operation is host time over the whole trace, median of --reps replays: "first" from
-// a fresh allocator (growth included), "again" the same trace once more on the same allocator
-// after everything was freed (what PyTorch's steps after the first see). Memory is from the
-// first replay's first pass.
+// Time per operation is host time over the whole trace: "first" from a fresh allocator (growth
+// included), the median of --reps replays; "again" the same trace on the same allocator after
+// everything was freed (what PyTorch's steps after the first see), --warm passes in each
+// replay, the median of them all. A single warm pass of these traces takes 2 to 15 ms, and
+// single passes differed by up to a half from run to run on the H200 (the driver's as much as
+// streamalloc's), so one pass per replay made the ratios of one run unreliable. Memory is from
+// the first replay's first pass.
 //
-//   bench_trace_replay [--json FILE] [--traces DIR] [--reps N] [trace files or folders...]
+//   bench_trace_replay [--json FILE] [--traces DIR] [--reps N] [--warm N] [trace files or folders...]
 //
 // Without trace arguments, every *.trace.gz of --traces (default: the source tree's
 // bench/traces).
@@ -223,7 +226,7 @@ struct allocator_result {
   std::string label;
   std::string key;  // for the JSON rows
   std::uint64_t reserved_high = 0;
-  std::uint64_t reserved_high_again = 0;  // after the second pass
+  std::uint64_t reserved_high_again = 0;  // after the last warm pass
   std::vector<double> first_ns, again_ns;
   std::optional<failure> failed;
   std::string failed_where;
@@ -235,20 +238,22 @@ std::string describe_op(const bench::recorded_trace& t, std::size_t i) {
          " of id " + std::to_string(op.id) + " on stream " + std::to_string(op.stream) + ")";
 }
 
-/// One replay: a fresh allocator from `make`, the trace twice (fresh, then again after freeing
-/// everything). Memory is taken on replay 0 only.
+/// One replay: a fresh allocator from `make`, the trace on it fresh, then `warm` times again,
+/// everything freed before each. Memory is taken on replay 0 only (reserved_high_again after
+/// its last pass).
 template <class Make>
-void replay_once(allocator_result& res, int rep, const bench::recorded_trace& t, Make make) {
+void replay_once(allocator_result& res, int rep, int warm, const bench::recorded_trace& t, Make make) {
   if (res.failed) return;
   auto a = make();
   std::vector<void*> ptr(t.allocations(), nullptr);
   const double ops = static_cast<double>(t.ops.size());
-  for (int pass = 0; pass < 2; ++pass) {
+  for (int pass = 0; pass <= warm; ++pass) {
     const pass_result r = replay_pass(*a, t, ptr);
     if (rep == 0) (pass == 0 ? res.reserved_high : res.reserved_high_again) = a->reserved_high();
     if (r.failed_at) {
       res.failed = r.f;
-      res.failed_where = (pass == 0 ? "first pass, " : "second pass, ") + describe_op(t, *r.failed_at);
+      res.failed_where = (pass == 0 ? std::string("first pass, ") : "warm pass " + std::to_string(pass) + ", ") +
+                         describe_op(t, *r.failed_at);
       failure ignored;
       release_live(*a, t, ptr, ignored);
       return;
@@ -278,7 +283,7 @@ std::string gib(double bytes) {
 
 /// Replays one trace against every allocator and prints its table. False when an allocator
 /// failed other than by running out of memory.
-bool replay_trace(const bench::recorded_trace& t, int reps, const std::string& traces_dir) {
+bool replay_trace(const bench::recorded_trace& t, int reps, int warm, const std::string& traces_dir) {
   std::printf("\ntrace %s (%s)\n  %zu operations, %zu allocations (%zu live at the end), %u stream%s, peak live %s\n",
               t.name.c_str(), t.path.c_str(), t.ops.size(), t.allocations(), t.live_at_end, t.streams,
               t.streams == 1 ? "" : "s", gib(double(t.peak_live)).c_str());
@@ -327,14 +332,15 @@ bool replay_trace(const bench::recorded_trace& t, int reps, const std::string& t
   results[3].label = "streamalloc (compact, 2 MiB chunks)";
   results[3].key = "streamalloc_compact";
   for (int rep = 0; rep < reps; ++rep) {  // interleaved, so that all see the same moments
-    replay_once(results[0], rep, t, [&] { return std::make_unique<async_replay>(raw); });
-    replay_once(results[1], rep, t, [&] { return std::make_unique<cub_replay>(raw); });
-    replay_once(results[2], rep, t, [&] { return std::make_unique<streamalloc_replay>(streams, false); });
-    replay_once(results[3], rep, t, [&] { return std::make_unique<streamalloc_replay>(streams, true); });
+    replay_once(results[0], rep, warm, t, [&] { return std::make_unique<async_replay>(raw); });
+    replay_once(results[1], rep, warm, t, [&] { return std::make_unique<cub_replay>(raw); });
+    replay_once(results[2], rep, warm, t, [&] { return std::make_unique<streamalloc_replay>(streams, false); });
+    replay_once(results[3], rep, warm, t, [&] { return std::make_unique<streamalloc_replay>(streams, true); });
   }
 
   const double peak = double(t.peak_live);
-  std::printf("%-40s %15s %12s %13s %13s\n", "allocator", "reserved high", "/ peak live", "ns/op first", "ns/op again");
+  std::printf("%-40s %15s %12s %13s %13s %17s\n", "allocator", "reserved high", "/ peak live", "ns/op first", "ns/op again",
+              "again min..max");
   bool ok = true;
   for (const auto& r : results) {
     if (r.failed && r.first_ns.empty()) {
@@ -342,8 +348,10 @@ bool replay_trace(const bench::recorded_trace& t, int reps, const std::string& t
                   r.failed_where.c_str(), r.failed->why.c_str());
     } else {
       const double first = bench::median(r.first_ns), again = bench::median(r.again_ns);
-      std::printf("%-40s %15s %12.3f %13.1f %13.1f\n", r.label.c_str(), gib(double(r.reserved_high)).c_str(),
-                  double(r.reserved_high) / peak, first, again);
+      const auto [lo, hi] = std::minmax_element(r.again_ns.begin(), r.again_ns.end());
+      std::printf("%-40s %15s %12.3f %13.1f %13.1f %8.0f..%-8.0f\n", r.label.c_str(), gib(double(r.reserved_high)).c_str(),
+                  double(r.reserved_high) / peak, first, again, r.again_ns.empty() ? 0.0 : *lo,
+                  r.again_ns.empty() ? 0.0 : *hi);
       if (r.failed) {
         std::printf("%-40s   then %s at %s: %s\n", "", r.failed->out_of_memory ? "out of memory" : "FAILED",
                     r.failed_where.c_str(), r.failed->why.c_str());
@@ -351,11 +359,12 @@ bool replay_trace(const bench::recorded_trace& t, int reps, const std::string& t
     }
     if (r.failed && !r.failed->out_of_memory) ok = false;
     std::string fields = "\"reserved_high\": " + std::to_string(r.reserved_high) +
-                         ", \"reserved_high_after_second_pass\": " + std::to_string(r.reserved_high_again) +
+                         ", \"reserved_high_after_warm_passes\": " + std::to_string(r.reserved_high_again) +
                          ", \"peak_live\": " + std::to_string(t.peak_live) +
                          ", \"ratio\": " + std::to_string(double(r.reserved_high) / peak) +
                          ", \"ns_per_op_first\": " + std::to_string(bench::median(r.first_ns)) +
                          ", \"ns_per_op_again\": " + std::to_string(bench::median(r.again_ns)) +
+                         ", \"warm_passes_timed\": " + std::to_string(r.again_ns.size()) +
                          ", \"ok\": " + (r.failed ? "false" : "true");
     if (r.failed) {
       fields += ", \"out_of_memory\": " + std::string(r.failed->out_of_memory ? "true" : "false") + ", \"failure\": \"" +
@@ -399,13 +408,15 @@ int main(int argc, char** argv) {
   std::string json;
   std::string traces_dir = STREAMALLOC_TRACES_DIR;
   int reps = 3;
+  int warm = 5;
   std::vector<std::string> args;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--json") && i + 1 < argc) json = argv[++i];
     else if (!std::strcmp(argv[i], "--traces") && i + 1 < argc) traces_dir = argv[++i];
     else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::max(1, std::atoi(argv[++i]));
+    else if (!std::strcmp(argv[i], "--warm") && i + 1 < argc) warm = std::max(1, std::atoi(argv[++i]));
     else if (argv[i][0] == '-') {
-      std::fprintf(stderr, "usage: bench_trace_replay [--json FILE] [--traces DIR] [--reps N] [trace files or folders...]\n");
+      std::fprintf(stderr, "usage: bench_trace_replay [--json FILE] [--traces DIR] [--reps N] [--warm N] [trace files or folders...]\n");
       return 2;
     } else {
       args.emplace_back(argv[i]);
@@ -434,16 +445,16 @@ int main(int argc, char** argv) {
   BENCH_CHECK(cudaSetDevice(0));
   BENCH_CHECK(cudaFree(nullptr));
   const bench::gpu_info gpu = bench::describe_gpu();
-  std::printf("%zu trace%s; reserved high over the trace's peak live bytes; host ns per operation, median of %d replays\n",
-              traces.size(), traces.size() == 1 ? "" : "s", reps);
+  std::printf("%zu trace%s; reserved high over the trace's peak live bytes; host ns per operation: first, the median of %d replays; again, the median of their %d warm passes each\n",
+              traces.size(), traces.size() == 1 ? "" : "s", reps, warm);
   int failures = 0;
   for (const auto& t : traces) {
-    if (!replay_trace(t, reps, traces_dir)) ++failures;
+    if (!replay_trace(t, reps, warm, traces_dir)) ++failures;
   }
   if (!json.empty()) {
     std::ofstream out(json);
     out << "{\n  \"bench\": \"trace_replay\",\n  \"gpu\": \"" << bench::json_escape(gpu.name) << "\",\n  \"driver\": " << gpu.driver
-        << ",\n  \"runtime\": " << gpu.runtime << ",\n  \"reps\": " << reps << ",\n  \"rows\": [\n"
+        << ",\n  \"runtime\": " << gpu.runtime << ",\n  \"reps\": " << reps << ",\n  \"warm_passes\": " << warm << ",\n  \"rows\": [\n"
         << rows.str() << "\n  ]\n}\n";
     std::printf("\nwrote %s\n", json.c_str());
   }
