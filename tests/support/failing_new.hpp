@@ -15,6 +15,16 @@ inline int allocations_until_failure = -1;
 /// While set on a thread, its allocations neither fail nor count (a simulated device's own
 /// bookkeeping, say, which is the test's and not the code's under test).
 inline thread_local bool allocations_exempt = false;
+
+/// Refuses every allocation from the `k`-th on while it lives (k = 0: all of them), and lets
+/// them all succeed again when it goes, even when a failed check throws meanwhile (doctest's
+/// own report allocates: left refusing, every later case of the binary would fail too).
+struct refusing_allocations {
+  explicit refusing_allocations(int k = 0) noexcept { allocations_until_failure = k; }
+  ~refusing_allocations() { allocations_until_failure = -1; }
+  refusing_allocations(const refusing_allocations&) = delete;
+  refusing_allocations& operator=(const refusing_allocations&) = delete;
+};
 }  // namespace test_support
 
 // Out of line: inlined, GCC 12 at -O2 takes the malloc/free pair for a mismatched new/delete.

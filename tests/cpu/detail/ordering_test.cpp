@@ -3,7 +3,10 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <map>
+#include <thread>
 #include <vector>
 
 using namespace streamalloc::detail;
@@ -160,4 +163,33 @@ TEST_CASE("a device-wide synchronization holds the records it covers while a str
   }
   CHECK(reg.find(id) == nullptr);
   CHECK(reg.census().records == before - 1);
+}
+
+TEST_CASE("a listener being removed is never called after remove_listener returns") {
+  // A pool removes itself as it is destroyed, while another thread may be telling every pool of
+  // a synchronization. Told from a copy of the list, a pool destroyed meanwhile was called
+  // after it was gone. Here the call in progress waits (up to a second) for the removal to
+  // return: it must not, until the call is over.
+  struct slow_listener final : completion_listener {
+    std::atomic<bool> entered{false};
+    std::atomic<bool> removed{false};
+    std::atomic<bool> called_after_removal{false};
+    void on_synchronize(std::uint64_t stream) noexcept override {
+      if (stream != 7) return;  // other tests' synchronizations: not this one
+      entered = true;
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+      while (!removed && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+      if (removed) called_after_removal = true;
+    }
+    void on_retire(std::uint64_t, bool) noexcept override {}
+  };
+  slow_listener l;
+  auto& reg = ordering();
+  reg.add_listener(&l);
+  std::thread teller([&] { reg.notify(7); });
+  while (!l.entered) std::this_thread::yield();
+  reg.remove_listener(&l);  // waits for the call in progress
+  l.removed = true;
+  teller.join();
+  CHECK_FALSE(l.called_after_removal);
 }

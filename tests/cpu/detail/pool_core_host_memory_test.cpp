@@ -10,6 +10,7 @@
 #include <doctest/doctest.h>
 
 #include "failing_new.hpp"
+#include "host_memory_backend.hpp"
 #include "sim_backend.hpp"
 #include "test_streams.hpp"
 
@@ -29,86 +30,13 @@ int requests_that_dropped_addresses = 0;
 using namespace streamalloc::detail;
 using streamalloc_test::sim_backend;
 using streamalloc_test::sim_device;
+using test_support::device_backend;
+using test_support::host_sync;
 using test_support::make_stream;
 using test_support::test_stream;
-
-constexpr std::uint64_t MiB = 1ull << 20;
-
-/// The simulated device, whose calls never fail for lack of host memory.
-struct device_backend {
-  using handle = sim_backend::handle;
-  using event = sim_backend::event;
-  struct capture_guard {
-    explicit capture_guard(device_backend&) noexcept {}
-  };
-  struct device_call {
-    bool was = test_support::allocations_exempt;
-    device_call() noexcept { test_support::allocations_exempt = true; }
-    ~device_call() { test_support::allocations_exempt = was; }
-  };
-  sim_backend sim;
-
-  bool capturing(const stream_key&) noexcept { return false; }
-  std::uint64_t granularity() const { return sim.granularity(); }
-  std::uint64_t reserve(std::uint64_t b) {
-    const device_call c;
-    return sim.reserve(b);
-  }
-  std::uint64_t try_reserve(std::uint64_t b, std::uint64_t at) {
-    const device_call c;
-    return sim.try_reserve(b, at);
-  }
-  CUresult create(std::uint64_t b, handle& h) {
-    const device_call c;
-    return sim.create(b, h);
-  }
-  void map(std::uint64_t va, std::uint64_t b, handle& h) {
-    const device_call c;
-    sim.map(va, b, h);
-  }
-  static bool refused(const std::exception& e) noexcept { return sim_backend::refused(e); }
-  void unmap(std::uint64_t va, std::uint64_t b) noexcept {
-    const device_call c;
-    sim.unmap(va, b);
-  }
-  void release(handle& h) noexcept {
-    const device_call c;
-    sim.release(h);
-  }
-  event record(const stream_key& k) {
-    const device_call c;
-    return sim.record(k);
-  }
-  bool done(event& e) {
-    const device_call c;
-    return sim.done(e);
-  }
-  bool idle(const stream_key& k) {
-    const device_call c;
-    return sim.idle(k);
-  }
-  void wait(const stream_key& k, event& e) {
-    const device_call c;
-    sim.wait(k, e);
-  }
-  void synchronize(event& e) noexcept {
-    const device_call c;
-    sim.synchronize(e);
-  }
-  void destroy(event& e) noexcept {
-    const device_call c;
-    sim.destroy(e);
-  }
-};
-static_assert(pool_backend<device_backend>);
-
 using core = pool_core<device_backend>;
 
-void host_sync(sim_device& dev, test_stream s) {
-  const auto epoch = s.record->begin_synchronize();
-  dev.run(s.native);
-  ordering().complete_stream(*s.record, epoch);
-}
+constexpr std::uint64_t MiB = 1ull << 20;
 
 /// What the request under test finds: six 2 MiB chunks in use, three of them freed so that
 /// defragmentation has chunks to move.

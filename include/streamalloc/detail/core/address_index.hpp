@@ -40,6 +40,10 @@ class address_index {
   void assign(std::uint64_t key, V* value) { put(key, value, true); }
   /// Removes `key`, which must be present.
   void erase(std::uint64_t key);
+  /// Makes sure that the next insert (or assign) needs no host memory, whatever it splits: the
+  /// nodes a split at every level needs are taken now. Throws std::bad_alloc, changing nothing
+  /// that a lookup sees, when they cannot be had.
+  void reserve_insert() { reserve(1, height_ + 1); }
 
   /// The value of `key`; null if absent.
   [[nodiscard]] V* find(std::uint64_t key) const noexcept {

@@ -78,8 +78,13 @@ class address_ranges {
   /// even an adjacent one: a mapping must lie within one reservation. (A run of mappings may
   /// still go on from one reservation into the next, chunk by chunk.)
   void add_reservation(std::uint64_t at, std::uint64_t bytes) {
-    starts_.insert(at);
-    free_.emplace(at, bytes);
+    const auto [start, made] = starts_.insert(at);
+    try {
+      free_.emplace(at, bytes);
+    } catch (...) {  // out of host memory: as before
+      if (made) starts_.erase(start);
+      throw;
+    }
   }
 
   /// [at, at + bytes) is unmapped again; joined with the ranges on either side in the same

@@ -92,7 +92,12 @@ class block_chain {
     arena_.recycle(x);
   }
 
-  /// Moves `x`'s start up by `bytes`, which its predecessor has taken over.
+  /// Makes sure the next give_front needs no host memory (its new index entry may split nodes):
+  /// may throw std::bad_alloc, changing nothing.
+  void reserve_give_front() { index_.reserve_insert(); }
+
+  /// Moves `x`'s start up by `bytes`, which its predecessor has taken over. Needs host memory
+  /// unless reserve_give_front came just before.
   void give_front(block* x, std::uint64_t bytes) {
     index_.erase(x->addr);
     x->addr += bytes;

@@ -261,10 +261,12 @@ class chunk_space {
   std::uint64_t first_reservation() const noexcept {
     return round_up(std::max<std::uint64_t>(8ull << 30, 16 * chunk_size_), granularity_);
   }
+  /// Out of host memory it throws with the addresses unused: the hook (the process's directory
+  /// of pools) hears first, as an address the pool hands out must be found there.
   void add_reservation(std::uint64_t base, std::uint64_t size) {
+    if (on_reserve_) on_reserve_(base, size);
     free_.add_reservation(base, size);
     reservations_.add(base, size);
-    if (on_reserve_) on_reserve_(base, size);
   }
 
   Backend& backend_;

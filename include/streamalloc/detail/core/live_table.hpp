@@ -42,6 +42,14 @@ class live_table {
     s.put(addr, b);
   }
 
+  /// Puts back the entry `erase` just took, needing no host memory: the table is never grown,
+  /// as erasing left a free slot on `addr`'s probe path (or before it).
+  void restore(std::uint64_t addr, block* b) noexcept {
+    shard& s = shard_of(addr);
+    std::lock_guard lock(s.lock);
+    s.put(addr, b);
+  }
+
   /// Starts fetching the slot `addr` would take, for an insert a little later: among many live
   /// blocks the slot is a cache miss, which then overlaps the caller's work in between.
   /// Reads the shard's table without its lock: a table growing meanwhile makes a useless

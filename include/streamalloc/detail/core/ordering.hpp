@@ -371,12 +371,11 @@ class ordering_registry {
 
   /// Tells listeners that work was completed (a device-wide synchronization).
   void notify(std::uint64_t stream) {
-    std::vector<completion_listener*> copy;
-    {
-      std::lock_guard lock(listener_mutex_);
-      copy = listeners_;
-    }
-    for (auto* l : copy) l->on_synchronize(stream);
+    // Under the lock, shared: a pool being destroyed waits in remove_listener until no call is
+    // told of it any more (told from a copy of the list, a pool destroyed meanwhile was called
+    // after it was gone), and the list is not copied (which needed host memory).
+    std::shared_lock lock(listener_mutex_);
+    for (auto* l : listeners_) l->on_synchronize(stream);
   }
 
   /// Every record, held, with an epoch each; frees stamped up to it precede this call.
@@ -518,11 +517,11 @@ class ordering_registry {
   }
 
   void add_listener(completion_listener* l) {
-    std::lock_guard lock(listener_mutex_);
+    std::unique_lock lock(listener_mutex_);
     listeners_.push_back(l);
   }
   void remove_listener(completion_listener* l) {
-    std::lock_guard lock(listener_mutex_);
+    std::unique_lock lock(listener_mutex_);
     listeners_.erase(std::remove(listeners_.begin(), listeners_.end(), l), listeners_.end());
   }
 
@@ -587,7 +586,9 @@ class ordering_registry {
   std::shared_mutex mutex_;
   std::unordered_map<std::uint64_t, std::unique_ptr<stream_record>> records_;
   std::uint64_t epoch_floor_ = 0;  // the highest epoch of a dropped record
-  std::mutex listener_mutex_;
+  // Shared by the calls that tell the listeners (any number at once), exclusive to add or
+  // remove one.
+  std::shared_mutex listener_mutex_;
   std::vector<completion_listener*> listeners_;
   std::mutex gone_mutex_;
   std::vector<std::uint64_t> gone_;  // note_gone's, not retired yet
@@ -643,12 +644,10 @@ inline void ordering_registry::retire(std::uint64_t id, bool handle_valid) {
   const record_ref keep(record(id));
   if (keep->retired()) return;  // told twice (a handle met again after its stream retired)
   keep->mark_retired();
-  std::vector<completion_listener*> copy;
-  {
-    std::lock_guard lock(listener_mutex_);
-    copy = listeners_;
-  }
-  for (auto* l : copy) l->on_retire(id, handle_valid);
+  // As notify: under the shared lock, with no copy of the list. Streams retire in destructors,
+  // which may not throw (a copy refused for lack of host memory ended the process there).
+  std::shared_lock lock(listener_mutex_);
+  for (auto* l : listeners_) l->on_retire(id, handle_valid);
 }
 
 inline std::vector<std::pair<record_ref, std::uint64_t>> ordering_registry::begin_synchronize_all() {

@@ -236,9 +236,16 @@ class pool_core final : public completion_listener {
     // destroyed stream leaves waiting (a `stream`'s last event is recorded as it is destroyed).
     if (s.native != nullptr && !st.record->handle_stable()) {
       if (st.uncovered_bytes.fetch_add(size, std::memory_order_relaxed) + size > streams_.cover_limit()) {
-        const capture_guard relaxed(backend_);
-        std::lock_guard lock(mutex_);
-        completion_.record_on(st, s);
+        // The free is made: an error now (out of host memory, or the driver refusing the event)
+        // would tell the caller it was not, and a retry would be a double free. Without the
+        // event the bytes stay uncovered, and the next free tries again; a stream destroyed
+        // meanwhile leaves them to a device-wide synchronization.
+        try {
+          const capture_guard relaxed(backend_);
+          std::lock_guard lock(mutex_);
+          completion_.record_on(st, s);
+        } catch (...) {
+        }
       }
     }
   }

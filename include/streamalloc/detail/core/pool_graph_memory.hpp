@@ -221,6 +221,10 @@ void pool_core<Backend>::rebind(graph_segment& seg, std::uint64_t stream) {
   // pages are mapped. Above it, the graph stays on what it has.
   const std::size_t have = pages_of(stream) != nullptr ? pages_of(stream)->pages.size() : 0;
   if (options_.max_size != 0 && count > have && space_.held() + (count - have) * g > options_.max_size) return;
+  // What the graph's own memory needs to leave it, taken before any page is made: out of host
+  // memory later, pages would stay made for no graph.
+  std::vector<chunk> own;
+  own.reserve(seg.pieces.size());
   if (pages_of(stream) == nullptr) shared_pages_.push_back(shared_pages{stream, {}, 0});
   shared_pages* to = pages_of(stream);
   try {
@@ -243,8 +247,6 @@ void pool_core<Backend>::rebind(graph_segment& seg, std::uint64_t stream) {
   }
   // Off what is mapped now (kept, to map again if the new mapping fails), onto the pages.
   shared_pages* from = seg.bound_to != 0 ? pages_of(seg.bound_to) : nullptr;
-  std::vector<chunk> own;
-  own.reserve(seg.pieces.size());
   if (seg.lost) {
     // Nothing is mapped under its pieces (put_back): the pages go under them now.
   } else if (from == nullptr) {

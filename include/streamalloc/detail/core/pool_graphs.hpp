@@ -51,11 +51,12 @@ std::uint64_t pool_core<Backend>::allocate_for_graph(std::uint64_t bytes, std::u
   // Memory of the graph's own (pool_graph_memory.hpp): no host-time allocation ever gets it
   // while the graph lives, and no pending free is under it (the graph's launches are not
   // ordered after any). The segment stays when nothing is found: its graph still releases it.
+  seg->spare.reserve(seg->spare.size() + 1);  // for the block's return below, if it must
   block* b = graph_memory_for(*seg, n);
   try {
     graphs_.hold(*seg, b);
   } catch (...) {
-    seg->spare.push_back(b);  // graph_memory_for left room
+    seg->spare.push_back(b);  // room: reserved above, or by the piece graph_memory_for added
     throw;
   }
   b->use = graph_use::live;
@@ -103,7 +104,7 @@ void pool_core<Backend>::deallocate_captured(std::uint64_t p, std::uint64_t capt
       try {
         graphs_.hold(segment_for(capture, tie), b);
       } catch (...) {
-        live_.insert(p, b);
+        live_.restore(p, b);
         throw;
       }
       streams_.account_free(st, b->size);

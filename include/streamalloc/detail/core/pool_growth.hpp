@@ -268,7 +268,10 @@ bool pool_core<Backend>::extend(block* b, std::uint64_t n, state& st) {
       throw;
     }
   }
-  // Absorb the blocks after `b`, splitting the last one.
+  // Absorb the blocks after `b`, splitting the last one. The split's index entry is made room
+  // for first: failing halfway, the block in hand would be in no bins and `b` larger than its
+  // caller knows. (Out of host memory here, new memory just mapped stays in the pool, free.)
+  chain_.reserve_give_front();
   while (b->size < n) {
     block* x = b->next_addr;
     free_bins* bins = x->bins;

@@ -207,7 +207,11 @@ class vmm_backend {
     }
     const CUresult r = cu::cuEventRecord_nothrow(e.ev, s);
     if (r != CUDA_SUCCESS) {
-      spare.push_back(e.ev);
+      try {
+        spare.push_back(e.ev);
+      } catch (...) {  // out of host memory too: the event goes, and the driver's error is told
+        (void)cu::cuEventDestroy_nothrow(e.ev);
+      }
       throw_driver_failure(r, "cuEventRecord", "recording a pool event");
     }
     return e;
