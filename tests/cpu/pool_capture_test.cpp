@@ -102,6 +102,76 @@ TEST_CASE("a global-mode capture on another thread does not make the pool's own 
   CHECK(p.statistics().graphs == 0);
 }
 
+namespace {
+/// The calling thread's capture mode, asked of the driver (two exchanges, leaving it as it was).
+CUstreamCaptureMode capture_mode_now() {
+  CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+  cu::cuThreadExchangeStreamCaptureMode(&mode);
+  CUstreamCaptureMode back = mode;
+  cu::cuThreadExchangeStreamCaptureMode(&back);
+  return mode;
+}
+}  // namespace
+
+TEST_CASE("capture-mode scopes: a deferred one relaxes at its first driver call, nested ones restore the mode once") {
+  using streamalloc::detail::deferred_relaxed_capture_mode;
+  using streamalloc::detail::relaxed_capture_mode;
+  stream s;
+  CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;  // not the default: its return is seen
+  cu::cuThreadExchangeStreamCaptureMode(&mode);
+  {
+    const deferred_relaxed_capture_mode deferred;
+    CHECK(capture_mode_now() == CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);  // no driver call yet
+    CHECK(cu::cuStreamQuery_nothrow(handle(s)) == CUDA_SUCCESS);
+    CHECK(capture_mode_now() == CU_STREAM_CAPTURE_MODE_RELAXED);
+    {
+      const relaxed_capture_mode eager;
+      CHECK(capture_mode_now() == CU_STREAM_CAPTURE_MODE_RELAXED);
+    }
+    CHECK(capture_mode_now() == CU_STREAM_CAPTURE_MODE_RELAXED);  // the outer scope still lives
+  }
+  CHECK(capture_mode_now() == CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
+  {
+    const relaxed_capture_mode eager;
+    CHECK(capture_mode_now() == CU_STREAM_CAPTURE_MODE_RELAXED);  // at once, before any call
+    {
+      const deferred_relaxed_capture_mode deferred;
+      CHECK(cu::cuStreamQuery_nothrow(handle(s)) == CUDA_SUCCESS);
+    }
+    CHECK(capture_mode_now() == CU_STREAM_CAPTURE_MODE_RELAXED);
+  }
+  CHECK(capture_mode_now() == CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
+  {
+    const deferred_relaxed_capture_mode deferred;  // no driver call at all: no switch either
+    const long long before = streamalloc_test::fake_mode_exchanges();
+    { const deferred_relaxed_capture_mode inner; }
+    CHECK(streamalloc_test::fake_mode_exchanges() == before);
+  }
+  cu::cuThreadExchangeStreamCaptureMode(&mode);  // back to global
+  CHECK(mode == CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
+}
+
+TEST_CASE("the pool's slow path switches the capture mode only when it calls the driver") {
+  pool p;
+  stream s;
+  long long before = streamalloc_test::fake_mode_exchanges();
+  void* first = p.allocate(MiB, s.ref());  // the pool maps its first chunk: driver calls, relaxed
+  CHECK(streamalloc_test::fake_mode_exchanges() - before == 2);  // relaxed once, restored once
+  p.deallocate(first, s.ref());
+  const std::size_t grows = p.statistics().grows;
+  // Sizes the stream's cache has never held: each request takes the slow path, and finds its
+  // memory in the pool's free blocks, so it calls the driver not at all.
+  before = streamalloc_test::fake_mode_exchanges();
+  for (std::size_t i = 1; i <= 64; ++i) {
+    void* x = p.allocate(i * 4096 + 256, s.ref());
+    REQUIRE(x != nullptr);
+    p.deallocate(x, s.ref());
+  }
+  CHECK(streamalloc_test::fake_mode_exchanges() == before);
+  CHECK(p.statistics().grows == grows);
+  CHECK(p.statistics().live_allocations == 0);
+}
+
 TEST_CASE("an invalidated capture and a closed pool") {
   stream s;
   {

@@ -1089,7 +1089,11 @@ CUresult fake_cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus* status) {
   return fake_cuStreamGetCaptureInfo(s, status, nullptr, nullptr, nullptr, nullptr, nullptr);
 }
 
+// Every call, for the tests that check when streamalloc switches modes (fake_cuda_mode_exchanges).
+std::atomic<long long> mode_exchanges{0};
+
 CUresult fake_cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode* mode) {
+  ++mode_exchanges;
   if (CUresult r = need_init()) return r;
   if (mode == nullptr || static_cast<unsigned>(*mode) > CU_STREAM_CAPTURE_MODE_RELAXED)
     return CUDA_ERROR_INVALID_VALUE;
@@ -1434,6 +1438,10 @@ __attribute__((visibility("default"))) fake_cuda_graph_counts fake_cuda_graphs()
           unsafe_call_refusals.load(),
           driver_thread_violations.load()};
 }
+
+/// For the tests: cuThreadExchangeStreamCaptureMode calls since the library was loaded, from
+/// any thread.
+__attribute__((visibility("default"))) long long fake_cuda_mode_exchanges() { return mode_exchanges.load(); }
 
 /// For the tests: waits until every user-object destructor queued so far has run (the driver
 /// runs them asynchronously; this is the synchronization it does not offer).

@@ -43,8 +43,24 @@ inline void check(CUresult r, const char* call) {
   }
 }
 
+/// The driver calls any thread may make during any capture, which the fast paths make, so that
+/// a call does not first check for a deferred_relaxed_capture_mode scope to honour: asking
+/// whether a stream captures, switching modes (what relaxes), and a stream's id, asked on every
+/// call with a raw handle once cuStreamGetCaptureInfo found the stream not captured (allowed
+/// then in every mode, as measured; of a capturing stream it is refused, so stream_id_of, which
+/// may be asked of one, relaxes first). Every other call relaxes the thread first in such a scope.
+constexpr bool capture_mode_free(std::string_view call) noexcept {
+  return call == "cuStreamGetCaptureInfo" || call == "cuStreamIsCapturing" ||
+         call == "cuThreadExchangeStreamCaptureMode" || call == "cuStreamGetId";
+}
+
+/// Puts the calling thread in relaxed capture mode if a deferred_relaxed_capture_mode scope of
+/// its own is open and has not yet done so (defined below, after the driver's entry points).
+inline void relax_if_deferred() noexcept;
+
 template <class Entry, class... Args>
 CUresult invoke_nothrow(Args... args) noexcept {
+  if constexpr (Entry::relaxes_deferred) relax_if_deferred();
   CUresult status = CUDA_SUCCESS;
   auto fn = driver_entry<Entry>(status);
   if (fn == nullptr) [[unlikely]] {
@@ -64,6 +80,7 @@ CUresult invoke_nothrow(Args... args) noexcept {
   struct fn##_entry {                                                                              \
     static constexpr const char* name = #fn;                                                       \
     static constexpr int version = request;                                                        \
+    static constexpr bool relaxes_deferred = !::streamalloc::detail::capture_mode_free(#fn);       \
     using pointer = decltype(&::fn);                                                               \
     static_assert(std::is_same_v<pointer, PFN_##fn##_v##abi>,                                      \
                   "cuda.h declares " #fn " with another signature than streamalloc requests");    \
@@ -147,26 +164,59 @@ STREAMALLOC_DRIVER_FUNCTION(cuGraphReleaseUserObject, 11030, 13000)
 
 namespace streamalloc::detail {
 
-/// Puts the calling thread in CUDA's relaxed capture-interaction mode for its life, and back
-/// in the mode it had. While any thread captures a stream in global mode (the default mode),
-/// CUDA refuses "potentially unsafe" calls (event queries, stream ids, memory mapping) to
-/// every thread in global mode, and the refused call invalidates that capture: streamalloc's
-/// own bookkeeping calls, which never touch the captured stream's work, run relaxed. A call
-/// on a capturing stream is still captured; streamalloc makes none.
-class relaxed_capture_mode {
- public:
-  relaxed_capture_mode() noexcept {
-    exchanged_ = cu::cuThreadExchangeStreamCaptureMode_nothrow(&mode_) == CUDA_SUCCESS;
-  }
-  ~relaxed_capture_mode() {
-    if (exchanged_) (void)cu::cuThreadExchangeStreamCaptureMode_nothrow(&mode_);
-  }
-  relaxed_capture_mode(const relaxed_capture_mode&) = delete;
-  relaxed_capture_mode& operator=(const relaxed_capture_mode&) = delete;
+/// A thread's relaxed capture-mode scopes (relaxed_capture_mode and
+/// deferred_relaxed_capture_mode): how many are open, and whether the outermost has put the
+/// thread in relaxed mode, with the mode to restore when it closes. Scopes nest strictly (each
+/// is an object on one thread's stack), so one record per thread serves them all.
+struct capture_mode_scopes {
+  unsigned open = 0;
+  bool relaxed = false;
+  CUstreamCaptureMode saved = CU_STREAM_CAPTURE_MODE_RELAXED;
+};
+inline capture_mode_scopes& this_thread_capture_mode_scopes() noexcept {
+  static thread_local capture_mode_scopes scopes;  // trivial: no guard, no destructor to register
+  return scopes;
+}
 
- private:
-  CUstreamCaptureMode mode_ = CU_STREAM_CAPTURE_MODE_RELAXED;  // in: the new mode; out: the old
-  bool exchanged_ = false;
+/// Relaxes the calling thread now (its scopes are open; they have not relaxed it yet).
+STREAMALLOC_COLD inline void relax_now(capture_mode_scopes& scopes) noexcept {
+  scopes.saved = CU_STREAM_CAPTURE_MODE_RELAXED;
+  scopes.relaxed = cu::cuThreadExchangeStreamCaptureMode_nothrow(&scopes.saved) == CUDA_SUCCESS;
+}
+
+inline void relax_if_deferred() noexcept {
+  capture_mode_scopes& scopes = this_thread_capture_mode_scopes();
+  if (scopes.open != 0 && !scopes.relaxed) [[unlikely]] relax_now(scopes);
+}
+
+/// Puts the calling thread in relaxed capture mode, at the first driver call made while it
+/// lives (none: no switch), and back in the mode it had when it goes. While any thread captures
+/// a stream in global mode (the default mode), CUDA refuses "potentially unsafe" calls (event
+/// queries, stream ids, memory mapping) to every thread in global mode, and the refused call
+/// invalidates that capture: streamalloc's own bookkeeping calls, which never touch the
+/// captured stream's work, run relaxed. A call on a capturing stream is still captured;
+/// streamalloc makes none. Deferred, because the switch and the switch back are two driver
+/// calls (26 ns together on an H200, bench_stream_lookup) and the pool's slow path, which runs
+/// in such a scope, usually calls the driver not at all (a request served from free blocks).
+class deferred_relaxed_capture_mode {
+ public:
+  deferred_relaxed_capture_mode() noexcept { ++this_thread_capture_mode_scopes().open; }
+  ~deferred_relaxed_capture_mode() {
+    capture_mode_scopes& scopes = this_thread_capture_mode_scopes();
+    if (--scopes.open == 0 && scopes.relaxed) {
+      scopes.relaxed = false;
+      (void)cu::cuThreadExchangeStreamCaptureMode_nothrow(&scopes.saved);
+    }
+  }
+  deferred_relaxed_capture_mode(const deferred_relaxed_capture_mode&) = delete;
+  deferred_relaxed_capture_mode& operator=(const deferred_relaxed_capture_mode&) = delete;
+};
+
+/// As deferred_relaxed_capture_mode, relaxed at once: for code that calls the driver through
+/// other libraries (the runtime, a graph's launch) as well as through streamalloc's entry points.
+class relaxed_capture_mode : deferred_relaxed_capture_mode {
+ public:
+  relaxed_capture_mode() noexcept { relax_if_deferred(); }
 };
 
 }  // namespace streamalloc::detail

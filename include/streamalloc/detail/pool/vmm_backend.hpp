@@ -48,9 +48,11 @@ class vmm_backend {
   };
 
   /// Around the core's slow paths: its event queries and mappings run in relaxed capture
-  /// mode (see relaxed_capture_mode), so another thread's global-mode capture neither refuses
-  /// them nor is invalidated by them.
-  struct capture_guard : relaxed_capture_mode {
+  /// mode (see deferred_relaxed_capture_mode), so another thread's global-mode capture neither
+  /// refuses them nor is invalidated by them. Deferred: the core calls the driver only through
+  /// this backend, whose every call relaxes the thread first, so a slow path that makes none
+  /// (most do not) costs no switch.
+  struct capture_guard : deferred_relaxed_capture_mode {
     explicit capture_guard(vmm_backend&) noexcept {}
   };
 
