@@ -135,6 +135,17 @@ int main(int argc, char** argv) {
         cuuint64_t id;
         (void)cu::cuStreamGetCaptureInfo_nothrow(raw, &st, &id, nullptr, nullptr, nullptr, nullptr);
       }));
+  // What capture_of asks first: the status alone (the capture's id and graph only when active).
+  row("cuStreamIsCapturing (what capture_of asks first)", ns_per(n, [&] {
+        CUstreamCaptureStatus st;
+        (void)cu::cuStreamIsCapturing_nothrow(raw, &st);
+      }));
+  row("cuStreamGetCaptureInfo with the graph, again after it", ns_per(n, [&] {
+        CUstreamCaptureStatus st;
+        cuuint64_t id;
+        CUgraph g;
+        (void)cu::cuStreamGetCaptureInfo_nothrow(raw, &st, &id, &g, nullptr, nullptr, nullptr);
+      }));
   row("cuThreadExchangeStreamCaptureMode, there and back", ns_per(n, [&] {
         CUstreamCaptureMode m = CU_STREAM_CAPTURE_MODE_RELAXED;
         (void)cu::cuThreadExchangeStreamCaptureMode_nothrow(&m);

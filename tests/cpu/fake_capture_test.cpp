@@ -98,7 +98,8 @@ get_proc_address fake_get_proc_address() {
   return reinterpret_cast<get_proc_address>(sym);
 }
 
-// cuStreamIsCapturing, which streamalloc does not call, straight from the fake.
+// cuStreamIsCapturing straight from the fake, past streamalloc's entry points (and their
+// capture-mode scopes).
 CUresult is_capturing(CUstream s, CUstreamCaptureStatus* status) {
   void* fn = nullptr;
   CUdriverProcAddressQueryResult found{};

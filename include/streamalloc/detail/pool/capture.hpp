@@ -36,17 +36,27 @@ struct capture_info {
   throw_driver_failure(r, "cuStreamGetCaptureInfo", who + "asking whether the stream is being captured");
 }
 
-/// Whether stream `s` is being captured into a graph: one driver query, made by every
-/// stream-ordered call, because any stream may begin a capture at any time, by code that never
-/// heard of streamalloc. The driver takes 25 to 40 ns to answer on an H100 host, a third of the
-/// pool's pair (docs/graphs.md, "What detection costs").
-inline capture_info capture_of(CUstream s, const char* caller) {
+/// The capture `s` is in, asked in full (cuStreamGetCaptureInfo), once cuStreamIsCapturing
+/// said it is in one or failed.
+STREAMALLOC_COLD inline capture_info capture_in_full(CUstream s, const char* caller) {
   CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
   capture_info c;
   const CUresult r = cu::cuStreamGetCaptureInfo_nothrow(s, &status, &c.id, &c.graph, nullptr, nullptr, nullptr);
-  if (r == CUDA_SUCCESS && status == CU_STREAM_CAPTURE_STATUS_NONE) [[likely]] return {};
+  if (r == CUDA_SUCCESS && status == CU_STREAM_CAPTURE_STATUS_NONE) return {};  // the capture ended meanwhile
   if (r == CUDA_SUCCESS && status == CU_STREAM_CAPTURE_STATUS_ACTIVE) return c;
   throw_capture_problem(r, status, caller);
+}
+
+/// Whether stream `s` is being captured into a graph: one driver query, made by every
+/// stream-ordered call, because any stream may begin a capture at any time, by code that never
+/// heard of streamalloc. The driver takes 25 to 40 ns to answer on an H100 host, a third of the
+/// pool's pair (docs/graphs.md, "What detection costs"). The status alone
+/// (cuStreamIsCapturing) is asked first; the capture's id and graph only when it is active.
+inline capture_info capture_of(CUstream s, const char* caller) {
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  const CUresult r = cu::cuStreamIsCapturing_nothrow(s, &status);
+  if (r == CUDA_SUCCESS && status == CU_STREAM_CAPTURE_STATUS_NONE) [[likely]] return {};
+  return capture_in_full(s, caller);
 }
 
 }  // namespace streamalloc::detail
