@@ -14,6 +14,7 @@
 #include "fake_driver.hpp"
 
 #include <stdexcept>
+#include <string>
 #include <thread>
 
 using namespace streamalloc;
@@ -100,6 +101,35 @@ TEST_CASE("a global-mode capture on another thread does not make the pool's own 
   cu::cuGraphDestroy(graph);
   REQUIRE(reaper_idle());
   CHECK(p.statistics().graphs == 0);
+}
+
+TEST_CASE("a pool made, used and destroyed while another thread captures in global mode leaves that capture whole") {
+  stream s;
+  cu::cuStreamBeginCapture(handle(s), CU_STREAM_CAPTURE_MODE_GLOBAL);
+  const auto refusals = fake_graphs().unsafe_call_refusals;
+  std::string error;  // what the other thread met, if anything
+  std::thread other([&error] {
+    // Its properties' test allocation, its first reservation and chunk, and at its end the
+    // unmapping and the addresses given back: calls a global-mode capture forbids.
+    try {
+      pool p;
+      stream mine;
+      void* x = p.allocate(MiB, mine.ref());
+      p.deallocate(x, mine.ref());
+      pool q;
+      void* kept = q.allocate(MiB, mine.ref());  // closed with a live allocation: it synchronizes
+      (void)kept;
+      q.close();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  });
+  other.join();
+  CHECK(error == "");
+  CHECK(fake_graphs().unsafe_call_refusals == refusals);
+  CUgraph graph = nullptr;
+  CHECK(cu::cuStreamEndCapture_nothrow(handle(s), &graph) == CUDA_SUCCESS);  // not invalidated
+  if (graph != nullptr) cu::cuGraphDestroy(graph);
 }
 
 namespace {

@@ -1089,8 +1089,10 @@ CUresult fake_cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus* status) {
   return fake_cuStreamGetCaptureInfo(s, status, nullptr, nullptr, nullptr, nullptr, nullptr);
 }
 
-// Every call, for the tests that check when streamalloc switches modes (fake_cuda_mode_exchanges).
-std::atomic<long long> mode_exchanges{0};
+// The calling thread's calls, for the tests that check when streamalloc switches modes
+// (fake_cuda_mode_exchanges): per thread, so that the driver's and the reaper's threads, which
+// switch modes too, never count.
+thread_local long long mode_exchanges = 0;
 
 CUresult fake_cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode* mode) {
   ++mode_exchanges;
@@ -1439,9 +1441,8 @@ __attribute__((visibility("default"))) fake_cuda_graph_counts fake_cuda_graphs()
           driver_thread_violations.load()};
 }
 
-/// For the tests: cuThreadExchangeStreamCaptureMode calls since the library was loaded, from
-/// any thread.
-__attribute__((visibility("default"))) long long fake_cuda_mode_exchanges() { return mode_exchanges.load(); }
+/// For the tests: the calling thread's cuThreadExchangeStreamCaptureMode calls so far.
+__attribute__((visibility("default"))) long long fake_cuda_mode_exchanges() { return mode_exchanges; }
 
 /// For the tests: waits until every user-object destructor queued so far has run (the driver
 /// runs them asynchronously; this is the synchronization it does not offer).

@@ -97,7 +97,7 @@ Fn fake_hook(const char* name) {
 
 inline fake_graph_counts fake_graphs() { return fake_hook<fake_graph_counts (*)()>("fake_cuda_graphs")(); }
 
-/// cuThreadExchangeStreamCaptureMode calls the fake has had, from any thread, since it was loaded.
+/// cuThreadExchangeStreamCaptureMode calls the fake has had from the calling thread so far.
 inline long long fake_mode_exchanges() { return fake_hook<long long (*)()>("fake_cuda_mode_exchanges")(); }
 
 /// Waits until every user-object destructor the fake has queued has run on its driver thread.

@@ -43,12 +43,14 @@ inline void check(CUresult r, const char* call) {
   }
 }
 
-/// The driver calls any thread may make during any capture, which the fast paths make, so that
-/// a call does not first check for a deferred_relaxed_capture_mode scope to honour: asking
-/// whether a stream captures, switching modes (what relaxes), and a stream's id, asked on every
-/// call with a raw handle once cuStreamGetCaptureInfo found the stream not captured (allowed
-/// then in every mode, as measured; of a capturing stream it is refused, so stream_id_of, which
-/// may be asked of one, relaxes first). Every other call relaxes the thread first in such a scope.
+/// The driver calls the fast paths make that any thread may make during any capture, so that
+/// they do not first check for a deferred_relaxed_capture_mode scope to honour: asking whether a
+/// stream captures, switching modes (what relaxes), and a stream's id. The id is asked on every
+/// call with a raw handle once the stream was found not capturing, which every mode allows
+/// (measured, bench_stream_lookup: asked of a stream capturing in global mode it is refused and
+/// the capture invalidated), outside the pool core's scopes; stream_id_of, which may be asked of
+/// any stream, opens a relaxed scope of its own first. Every other call relaxes the thread first
+/// inside such a scope.
 constexpr bool capture_mode_free(std::string_view call) noexcept {
   return call == "cuStreamGetCaptureInfo" || call == "cuStreamIsCapturing" ||
          call == "cuThreadExchangeStreamCaptureMode" || call == "cuStreamGetId";

@@ -118,6 +118,9 @@ class pool_state {
   /// Checks the properties and makes the core (see `pool::pool`, which documents what is refused).
   explicit pool_state(pool_properties props)
       : props_(props), device_(home_device(props.location)), access_(props.location, device_) {
+    // The properties' test allocation and the core's first reservation are calls another
+    // thread's global-mode capture forbids (the refusal would invalidate that capture).
+    const detail::deferred_relaxed_capture_mode relaxed;
     require_driver();
     const int device = device_;
     const allocation_options opts{props.handle_types, false};
@@ -165,6 +168,9 @@ class pool_state {
       // Shared: graphs made by capture hold it too (pool_graph_tie). Whoever lets go last
       // gives its memory back.
       core_ = std::shared_ptr<detail::vmm_pool_core>(made.release(), [domain](detail::vmm_pool_core* c) {
+        // The backend's destructor unmaps, frees the addresses and destroys the spare events:
+        // relaxed, as the core's own calls (whichever thread lets go last, a capturing one too).
+        const detail::deferred_relaxed_capture_mode relaxed;
         (void)c->shutdown();
         delete c;
         detail::ordering().close_sync_domain(domain);
@@ -203,6 +209,7 @@ class pool_state {
   /// See `pool::close`.
   pool_close_report close() noexcept {
     if (!core_) return {};
+    const detail::deferred_relaxed_capture_mode relaxed;  // see the deleter in the constructor
     {
       std::lock_guard lock(ipc_mutex_);
       exporter_.reset();  // no importer gets anything once closing has begun
