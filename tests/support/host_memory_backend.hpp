@@ -11,6 +11,8 @@
 #include "sim_backend.hpp"
 #include "test_streams.hpp"
 
+#include <doctest/doctest.h>
+
 #include <cstdint>
 #include <exception>
 
@@ -89,6 +91,16 @@ inline void host_sync(streamalloc_test::sim_device& dev, test_stream s) {
   const auto epoch = s.record->begin_synchronize();
   dev.run(s.native);
   streamalloc::detail::ordering().complete_stream(*s.record, epoch);
+}
+
+/// The end of a test: once `s`'s work has run and the pool is trimmed, the pool holds nothing
+/// and the device has no physical memory left (nothing was lost to the pool on the way).
+template <class Pool>
+void check_all_given_back(Pool& pool, streamalloc_test::sim_device& dev, test_stream s) {
+  host_sync(dev, s);
+  pool.trim_to(0);
+  CHECK(pool.statistics().reserved_current == 0);
+  CHECK(dev.handles.empty());
 }
 
 }  // namespace test_support

@@ -27,6 +27,7 @@ using namespace streamalloc::detail;
 using streamalloc_test::sim_backend;
 using streamalloc_test::sim_device;
 using test_support::allocations_until_failure;
+using test_support::check_all_given_back;
 using test_support::device_backend;
 using test_support::host_sync;
 using test_support::make_stream;
@@ -69,10 +70,7 @@ TEST_CASE("a free on a raw stream is made, and says so, when the event covering 
     CHECK(pool.statistics().used_current == 0);
     CHECK_FALSE(freeable(pool, p, s.key()));  // it is free: a second free is refused
   }
-  host_sync(*dev, s);
-  pool.trim_to(0);
-  CHECK(pool.statistics().reserved_current == 0);
-  CHECK(dev->handles.empty());
+  check_all_given_back(pool, *dev, s);
   pool.shutdown();
 }
 
@@ -102,10 +100,7 @@ TEST_CASE("a captured allocation refused for lack of host memory leaves its bloc
   CHECK(refused == 2);
   pool.release_graph(7, host.key_without_handle());
   CHECK(freeable(pool, a, s.key()));  // never freed in the graph: live, the host's now
-  host_sync(*dev, s);
-  pool.trim_to(0);
-  CHECK(pool.statistics().reserved_current == 0);
-  CHECK(dev->handles.empty());
+  check_all_given_back(pool, *dev, s);
   pool.shutdown();
 }
 
@@ -159,10 +154,7 @@ TEST_CASE("a graph's memory refused a move onto a stream's pages for lack of hos
     (void)pool.bind_graph_memory(1, 100, [] { return true; });
     allocations_until_failure = -1;
     pool.release_graph(1, host.key_without_handle());
-    host_sync(*dev, s);
-    pool.trim_to(0);
-    CHECK(pool.statistics().reserved_current == 0);
-    CHECK(dev->handles.empty());
+    check_all_given_back(pool, *dev, s);
     pool.shutdown();
   }
 }
@@ -211,9 +203,6 @@ TEST_CASE("a stream retiring out of host memory: the pools hear of it, and nothi
   }
   CHECK(s.record->retired());
   // What the pool could not do then waits for proof, and nothing is lost.
-  host_sync(*dev, s);
-  pool.trim_to(0);
-  CHECK(pool.statistics().reserved_current == 0);
-  CHECK(dev->handles.empty());
+  check_all_given_back(pool, *dev, s);
   pool.shutdown();
 }
