@@ -17,7 +17,7 @@
 //
 //   bench_scale [--quick] [--json FILE] [--only ring,churn,raw,live,pools]
 
-#include <streamalloc/detail/pool/capture.hpp>
+#include <streamalloc/detail/driver/capture.hpp>
 #include <streamalloc/pool.hpp>
 #include <streamalloc/stream.hpp>
 

@@ -12,7 +12,7 @@
 
 #include <streamalloc/detail/driver/context.hpp>
 #include <streamalloc/detail/driver/driver_api.hpp>
-#include <streamalloc/detail/pool/capture.hpp>
+#include <streamalloc/detail/driver/capture.hpp>
 #include <streamalloc/detail/pool/graph_ties.hpp>
 #include <streamalloc/error.hpp>
 #include <streamalloc/stream.hpp>

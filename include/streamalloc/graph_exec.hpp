@@ -27,7 +27,7 @@
 #include <streamalloc/captured_graph.hpp>
 #include <streamalloc/detail/driver/context.hpp>
 #include <streamalloc/detail/driver/driver_api.hpp>
-#include <streamalloc/detail/pool/capture.hpp>
+#include <streamalloc/detail/driver/capture.hpp>
 #include <streamalloc/detail/pool/graph_ties.hpp>
 #include <streamalloc/driver.hpp>
 #include <streamalloc/error.hpp>
@@ -206,12 +206,7 @@ class graph_exec {
   void launch(stream_ref s) {
     if (exec_ == nullptr) [[unlikely]] detail::throw_empty_exec("launch");
     if (!ties_.empty()) {
-      if (detail::capture_of(s.get(), "streamalloc::graph_exec::launch").id != 0) [[unlikely]] {
-        throw std::invalid_argument(
-            "streamalloc::graph_exec::launch: the stream is being captured into another graph; a graph_exec "
-            "holding graph memory is launched on an ordinary stream (to run this graph inside the other, add it "
-            "as a child graph node)");
-      }
+      refuse_capturing(s, "streamalloc::graph_exec::launch");
       // Every pool is asked before any is told: a refusal changes nothing.
       for (detail::graph_tie* t : ties_) {
         if (std::string why = t->launch_refusal(auto_free_); !why.empty()) [[unlikely]] {
@@ -234,10 +229,12 @@ class graph_exec {
   /// moves graph memory it may share onto the pages of the graphs launched into `s`, so that
   /// launches into `s` do no mapping work.
   /// @throws std::logic_error when empty
+  /// @throws std::invalid_argument when it holds graph memory and `s` is being captured (as launch)
   /// @throws cuda_error when the driver refuses it, or when the graph's memory could be mapped
   ///   neither at `s`'s pages nor back (as launch)
   void upload(stream_ref s) {
     if (exec_ == nullptr) [[unlikely]] detail::throw_empty_exec("upload");
+    if (!ties_.empty()) refuse_capturing(s, "streamalloc::graph_exec::upload");
     if (!bind_memory(s)) [[unlikely]] throw_memory_lost("upload");
     detail::check(detail::cu::cuGraphUpload_nothrow(exec_, s.get()), "cuGraphUpload",
                   [] { return std::string("uploading a streamalloc::graph_exec"); });
@@ -264,6 +261,16 @@ class graph_exec {
                                 "streamalloc::end_capture, or a cudaGraph_t)");
   }
 
+  /// Throws when `s` is being captured: graph memory follows the streams its graph is launched
+  /// into, and a capture's graph runs in no order with them.
+  static void refuse_capturing(stream_ref s, const char* caller) {
+    if (detail::capture_of(s.get(), caller).id == 0) [[likely]] return;
+    throw std::invalid_argument(std::string(caller) +
+                                ": the stream is being captured into another graph; a graph_exec holding graph "
+                                "memory is launched on an ordinary stream (to run this graph inside the other, add "
+                                "it as a child graph node)");
+  }
+
   /// Before a launch or upload into `s`: the memory of each pool this executable alone holds
   /// moves, if it must, onto the pages shared by the graphs launched into `s` (see the class).
   /// False when a graph's memory is lost (graph_tie::bind): it must not run.
@@ -274,7 +281,14 @@ class graph_exec {
       if (!t->launched_only_by_one_exec()) continue;
       if (!asked) {
         asked = true;
-        known = detail::cu::cuStreamGetId_nothrow(s.get(), &id) == CUDA_SUCCESS;  // unknown: stays where it is
+        // The caller refused a capturing stream (refuse_capturing), whose id CUDA would not
+        // tell. Unknown, the memory stays where it is.
+        if (const detail::stream_record* r = s.known_record(); r != nullptr) {
+          id = r->id();
+          known = true;
+        } else {
+          known = detail::cu::cuStreamGetId_nothrow(s.get(), &id) == CUDA_SUCCESS;
+        }
       }
       mapped = t->bind(known ? id + 1 : 0, done_) && mapped;
     }

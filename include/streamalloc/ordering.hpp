@@ -152,11 +152,13 @@ inline std::string unproven(const stream_order& proof, stream_record& from, std:
   if (proof.earlier_stream() == from.id() && proof.point() >= last_use) return {};
   if (to->ordered_after(from.id()) >= last_use || from.completed() >= last_use) return {};
   // Stream 0: the event waited for has no record made through streamalloc (a raw cudaEvent_t,
-  // recorded by a raw CUDA call if at all, or a streamalloc event not recorded yet).
+  // recorded by a raw CUDA call if at all, or a streamalloc event not recorded yet), or the
+  // record or the wait was captured into a graph (it orders the graph's work, not the streams').
   if (proof.earlier_stream() == 0) {
     return "the token waited on an event never recorded through streamalloc (a raw cudaEvent_t, recorded by a raw "
-           "CUDA call if at all, or a streamalloc event not recorded yet): streamalloc cannot check what it orders; "
-           "wait on a streamalloc event recorded after the memory's last use, or use order_after";
+           "CUDA call if at all, or a streamalloc event not recorded yet), or the record or the wait was made during "
+           "a stream capture, where it orders only the graph's work: streamalloc cannot check what it orders; wait "
+           "on a streamalloc event recorded after the memory's last use, outside any capture, or use order_after";
   }
   if (proof.earlier_stream() != from.id()) {
     return "the token orders after " + stream_name(proof.earlier_stream()) + ", but the memory was last used on " +

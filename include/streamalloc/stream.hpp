@@ -8,6 +8,7 @@
 /// ordered after what, so memory freed on one stream can be reused on another without waiting
 /// for the device. Work ordered with raw CUDA calls stays correct; it only gets less reuse.
 
+#include <streamalloc/detail/driver/capture.hpp>
 #include <streamalloc/detail/driver/context.hpp>
 #include <streamalloc/detail/driver/driver_api.hpp>
 #include <streamalloc/detail/core/ordering.hpp>
@@ -61,11 +62,23 @@ inline CUstream explicit_handle(CUstream s) noexcept {
   return is_per_thread_handle(s) ? CU_STREAM_PER_THREAD : CU_STREAM_LEGACY;
 }
 
-/// The id of the stream a raw handle names now, for a stream known not to be capturing (one
-/// driver call; a handle value is no identity: CUDA gives a destroyed stream's handle to the
-/// next stream made). Asked of a stream being captured in global mode, cuStreamGetId is
-/// refused and the refusal invalidates the capture; asked of any other stream it is allowed
-/// while captures run, in this thread or others (measured: bench/stream_lookup.cu).
+[[noreturn]] STREAMALLOC_COLD inline void throw_unidentified(CUresult r) {
+  if (r == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) {
+    throw cuda_error(r, "cuStreamGetId",
+                     "identifying a stream given by its raw handle: it is being captured into a graph, and CUDA does "
+                     "not tell a capturing stream's id. Resolve the stream_ref before the capture (resolved(); not "
+                     "possible for the per-thread default stream, whose handle names each thread's own), or use a "
+                     "streamalloc::stream, whose identity travels with it");
+  }
+  throw_driver_failure(r, "cuStreamGetId", "identifying a stream");
+}
+
+/// The id of the stream a raw handle names now (one driver call; a handle value is no
+/// identity: CUDA gives a destroyed stream's handle to the next stream made). For a stream
+/// known not to be capturing: CUDA refuses the id of a capturing stream in every capture mode
+/// (measured on an H100, driver 580). Asked of any other stream it is allowed while captures
+/// run, in other threads at least (measured: bench/stream_lookup.cu, which also asks it in the
+/// capturing thread).
 inline std::uint64_t uncaptured_stream_id_of(CUstream s) {
   unsigned long long id = 0;
   const CUresult first = cu::cuStreamGetId_nothrow(s, &id);
@@ -73,12 +86,13 @@ inline std::uint64_t uncaptured_stream_id_of(CUstream s) {
   if (first == CUDA_ERROR_INVALID_CONTEXT) {
     ensure_context(0);  // the legacy or per-thread default stream of a thread with no context
   }
-  check(cu::cuStreamGetId_nothrow(s, &id), "cuStreamGetId", [] { return std::string("identifying a stream"); });
+  if (const CUresult again = cu::cuStreamGetId_nothrow(s, &id); again != CUDA_SUCCESS) throw_unidentified(again);
   return id;
 }
 
-/// As uncaptured_stream_id_of, for any stream: in relaxed capture mode, in which a capturing
-/// stream may be asked too.
+/// As uncaptured_stream_id_of, in relaxed capture mode: where this thread captures in global
+/// mode, a refused call would otherwise invalidate that capture. A capturing stream is still
+/// refused (a clear cuda_error).
 inline std::uint64_t stream_id_of(CUstream s) {
   const relaxed_capture_mode relaxed;
   return uncaptured_stream_id_of(s);
@@ -319,6 +333,7 @@ class stream_ref {
  private:
   friend class stream;
   stream_ref(cudaStream_t s, detail::stream_record* r) noexcept : stream_(s), record_(r) {}
+  stream_order wait_in_capture(event_ref e) const;
 
   cudaStream_t stream_;
   detail::stream_record* record_ = nullptr;
@@ -450,10 +465,19 @@ class event_ref {
       detail::check(detail::cu::cuEventRecord_nothrow(event_, s.get()), "cuEventRecord");
       return;
     }
-    detail::stream_record& r = s.record();  // before the lock: meeting a stream may retire another
+    // Before the lock: meeting a stream may retire another.
+    detail::stream_record* r = s.known_record();
+    if (r == nullptr) {
+      // A raw handle: CUDA tells the id only of a stream that is not capturing.
+      if (detail::is_capturing(s.get(), "streamalloc::event::record")) [[unlikely]] return record_in_capture(s);
+      r = &detail::resolve_uncaptured_stream(s.get());
+    }
     std::lock_guard lock(state_->mutex);
-    r.capture_into(state_->next);  // into storage kept for it: no allocation per record
+    r->capture_into(state_->next);  // into storage kept for it: no allocation per record
     detail::check(detail::cu::cuEventRecord_nothrow(event_, s.get()), "cuEventRecord");
+    // Recorded into a capture (this thread's, or one another thread began on the stream since
+    // it was last asked), the event marks no point of the stream's work: see record_in_capture.
+    if (detail::may_be_capturing(s.get())) [[unlikely]] return forget_point();
     std::swap(state_->point, state_->next);
   }
 
@@ -482,6 +506,22 @@ class event_ref {
   friend class event;
   friend class stream_ref;
   event_ref(cudaEvent_t e, detail::event_state* st) noexcept : event_(e), state_(st) {}
+
+  // Recorded into a capture, the event becomes a node of the graph being built, not a point of
+  // the stream's work: the graph runs whenever, and into whichever stream, it is launched. A
+  // stream that waits on it joins the capture, and is ordered after nothing in real time, so
+  // the event proves nothing from now on. (CUDA refuses to synchronize with or query it.)
+  STREAMALLOC_COLD void record_in_capture(stream_ref s) const {
+    std::lock_guard lock(state_->mutex);
+    detail::check(detail::cu::cuEventRecord_nothrow(event_, s.get()), "cuEventRecord");
+    forget_point();
+  }
+  /// The event proves nothing from now on (its state's mutex held).
+  void forget_point() const noexcept {
+    state_->point.stream = 0;
+    state_->point.epoch = 0;
+    state_->point.after.clear();
+  }
 
   detail::clock_snapshot snapshot() const {
     if (state_ == nullptr) return {};
@@ -617,15 +657,34 @@ class event {
 };
 
 inline stream_order stream_ref::wait(event_ref e) const {
-  detail::stream_record& r = record();
+  detail::stream_record* known = record_;
+  if (known == nullptr) {
+    // A raw handle: CUDA tells the id only of a stream that is not capturing.
+    if (detail::is_capturing(stream_, "streamalloc::stream_ref::wait")) [[unlikely]] return wait_in_capture(e);
+    known = &detail::resolve_uncaptured_stream(stream_);
+  }
+  detail::stream_record& r = *known;
   if (e.state_ == nullptr) {
     detail::check(detail::cu::cuStreamWaitEvent_nothrow(stream_, e.event_, 0), "cuStreamWaitEvent");
     return stream_order(0, 0, r.id());
   }
   std::lock_guard lock(e.state_->mutex);  // the point and the wait refer to the same record
   detail::check(detail::cu::cuStreamWaitEvent_nothrow(stream_, e.event_, 0), "cuStreamWaitEvent");
+  // A stream that is capturing now (its own capture, or one it joined by this very wait, on an
+  // event recorded in it) is ordered after nothing in real time by the wait: it learns nothing.
+  // The event's point is empty when streamalloc recorded it in the capture, but not when a raw
+  // cudaEventRecord did: asked after the wait, this covers both.
+  if (detail::may_be_capturing(stream_)) [[unlikely]] return stream_order(0, 0, r.id());
   r.wait_for(e.state_->point);
   return stream_order(e.state_->point.stream, e.state_->point.epoch, r.id());
+}
+
+// A capturing raw stream's wait is an edge of the graph being built: the stream's own work is
+// ordered after nothing by it in real time. The pools learn nothing, and the token proves
+// nothing: its streams are 0 (CUDA does not tell a capturing stream's id).
+STREAMALLOC_COLD inline stream_order stream_ref::wait_in_capture(event_ref e) const {
+  detail::check(detail::cu::cuStreamWaitEvent_nothrow(stream_, e.event_, 0), "cuStreamWaitEvent");
+  return stream_order(0, 0, 0);
 }
 
 inline stream_order stream::wait(event_ref e) const { return ref().wait(e); }

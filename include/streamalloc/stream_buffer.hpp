@@ -572,6 +572,10 @@ class basic_stream_buffer {
   }
 
   void allocate_initial(size_type count) {
+    // The checks read the stream's record once the memory is allocated: looked up first, a
+    // stream that cannot be identified (a raw handle being captured) is refused before anything
+    // is allocated, not after, with the allocation lost to the graph.
+    if constexpr (STREAMALLOC_CHECK_ORDERING != 0) (void)stream_.record();
     data_ = allocate_bytes(bytes_for(count));
     size_ = capacity_ = count;
     touch();

@@ -207,13 +207,26 @@ TEST_CASE("a graph without streamalloc memory; misuse") {
   CHECK_THROWS_WITH_AS(graph_exec(static_cast<cudaGraph_t>(nullptr)), doctest::Contains("empty"), std::invalid_argument);
   CHECK_THROWS_AS(graph_exec(g, ~0ULL), cuda_error);  // flags the driver refuses
 
-  // Launching into another capture: refused when the executable holds graph memory.
+  // Launching or uploading into another capture: refused when the executable holds graph
+  // memory, before anything is asked that would end the capture (a global-mode one too).
   pool p;
   captured_graph held = capture_one(p, s, MiB, true);
   graph_exec e(held);
   cu::cuStreamBeginCapture(handle(other), CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
   CHECK_THROWS_WITH_AS(e.launch(other.ref()), doctest::Contains("child graph node"), std::invalid_argument);
   captured_graph outer = end_capture(other.ref());
+  CUstream raw = nullptr;
+  cu::cuStreamCreateWithPriority(&raw, CU_STREAM_NON_BLOCKING, 0);
+  cu::cuStreamBeginCapture(raw, CU_STREAM_CAPTURE_MODE_GLOBAL);
+  const stream_ref raw_ref{reinterpret_cast<cudaStream_t>(raw)};
+  CHECK_THROWS_WITH_AS(e.upload(raw_ref), doctest::Contains("graph_exec::upload: the stream is being captured"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(e.launch(raw_ref), doctest::Contains("graph_exec::launch: the stream is being captured"),
+                       std::invalid_argument);
+  CUgraph raw_graph = nullptr;
+  CHECK(cu::cuStreamEndCapture_nothrow(raw, &raw_graph) == CUDA_SUCCESS);  // not invalidated
+  if (raw_graph != nullptr) cu::cuGraphDestroy(raw_graph);
+  cu::cuStreamDestroy(raw);
   held.reset();
   e.reset();
   REQUIRE(reaper_idle());

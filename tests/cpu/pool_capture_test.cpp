@@ -202,6 +202,22 @@ TEST_CASE("the pool's slow path switches the capture mode only when it calls the
   CHECK(p.statistics().live_allocations == 0);
 }
 
+TEST_CASE("the legacy stream while a blocking stream captures: refused, naming it, and the capture goes on") {
+  pool p;
+  stream blocking(0, stream_flags::blocking);
+  cu::cuStreamBeginCapture(handle(blocking), CU_STREAM_CAPTURE_MODE_GLOBAL);
+  // Its work would join the capture implicitly: the driver will not even say whether it is
+  // captured (cuStreamIsCapturing fails), and the pool hands out nothing.
+  CHECK_THROWS_WITH_AS((void)p.allocate(MiB, stream_ref::legacy_default()),
+                       doctest::Contains("legacy default stream was used"), cuda_error);
+  CHECK(p.statistics().live_allocations == 0);
+  CUgraph g = nullptr;
+  CHECK(cu::cuStreamEndCapture_nothrow(handle(blocking), &g) == CUDA_SUCCESS);  // the queries broke nothing
+  if (g != nullptr) cu::cuGraphDestroy(g);
+  void* x = p.allocate(MiB, stream_ref::legacy_default());  // and once it is over, it is served
+  p.deallocate(x, stream_ref::legacy_default());
+}
+
 TEST_CASE("an invalidated capture and a closed pool") {
   stream s;
   {

@@ -725,6 +725,11 @@ CUresult fake_cuStreamGetId(CUstream s, unsigned long long* id) {
   const auto v = reinterpret_cast<std::uintptr_t>(s);
   if (v <= 2) {  // the default streams of the current context: other streams in each context
     if (CUresult r = need_context()) return r;
+    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+    if (s == CU_STREAM_PER_THREAD && fake_cuStreamIsCapturing(s, &status) == CUDA_SUCCESS &&
+        status != CU_STREAM_CAPTURE_STATUS_NONE) {
+      return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;  // as for any capturing stream (below)
+    }
     const auto device = static_cast<unsigned long long>(std::max(0, device_of(current_context)));
     if (s == CU_STREAM_PER_THREAD) {
       // As on the GPU: each thread's per-thread default stream is a stream of its own, with

@@ -10,7 +10,7 @@
 #include <streamalloc/detail/driver/context.hpp>
 #include <streamalloc/detail/core/pool_core.hpp>
 #include <streamalloc/detail/ipc/exporter.hpp>
-#include <streamalloc/detail/pool/capture.hpp>
+#include <streamalloc/detail/driver/capture.hpp>
 #include <streamalloc/detail/pool/graph_ties.hpp>
 #include <streamalloc/detail/pool/out_of_memory_report.hpp>
 #include <streamalloc/detail/pool/pool_access.hpp>

@@ -2,6 +2,7 @@
 
 // Asking whether the stream of a stream-ordered call is being captured into a graph.
 
+#include <streamalloc/detail/driver/context.hpp>
 #include <streamalloc/detail/driver/driver_api.hpp>
 #include <streamalloc/error.hpp>
 
@@ -41,7 +42,13 @@ struct capture_info {
 STREAMALLOC_COLD inline capture_info capture_in_full(CUstream s, const char* caller) {
   CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
   capture_info c;
-  const CUresult r = cu::cuStreamGetCaptureInfo_nothrow(s, &status, &c.id, &c.graph, nullptr, nullptr, nullptr);
+  CUresult r = cu::cuStreamGetCaptureInfo_nothrow(s, &status, &c.id, &c.graph, nullptr, nullptr, nullptr);
+  if (r == CUDA_ERROR_INVALID_CONTEXT) {
+    // A default stream's handle, on a thread with no context yet: it names device 0's, as a
+    // CUDA runtime call there would.
+    ensure_context(0);
+    r = cu::cuStreamGetCaptureInfo_nothrow(s, &status, &c.id, &c.graph, nullptr, nullptr, nullptr);
+  }
   if (r == CUDA_SUCCESS && status == CU_STREAM_CAPTURE_STATUS_NONE) return {};  // the capture ended meanwhile
   if (r == CUDA_SUCCESS && status == CU_STREAM_CAPTURE_STATUS_ACTIVE) return c;
   throw_capture_problem(r, status, caller);
@@ -57,6 +64,25 @@ inline capture_info capture_of(CUstream s, const char* caller) {
   const CUresult r = cu::cuStreamIsCapturing_nothrow(s, &status);
   if (r == CUDA_SUCCESS && status == CU_STREAM_CAPTURE_STATUS_NONE) [[likely]] return {};
   return capture_in_full(s, caller);
+}
+
+/// Is `s` being captured into a graph (its capture active, or invalidated and not yet ended)?
+/// One cuStreamIsCapturing, which CUDA allows in every capture mode, for the calls that need no
+/// capture id. Throws, as capture_of, for a stream CUDA will not answer for: the legacy stream
+/// while a blocking stream of its device captures (work on it would join that capture, which
+/// CUDA forbids and answers by invalidating it).
+inline bool is_capturing(CUstream s, const char* caller) {
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  const CUresult r = cu::cuStreamIsCapturing_nothrow(s, &status);
+  if (r == CUDA_SUCCESS) [[likely]] return status != CU_STREAM_CAPTURE_STATUS_NONE;
+  return capture_in_full(s, caller).id != 0;  // throws unless it was a context missing
+}
+
+/// As is_capturing, never throwing: a stream CUDA will not answer for counts as capturing. For
+/// a question asked after the fact, where the only safe answer to doubt is "learn nothing".
+inline bool may_be_capturing(CUstream s) noexcept {
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  return cu::cuStreamIsCapturing_nothrow(s, &status) != CUDA_SUCCESS || status != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
 }  // namespace streamalloc::detail
