@@ -212,7 +212,8 @@ inline stream_record& resolve_uncaptured_stream(CUstream s) { return resolve_str
 struct event_state {
   std::mutex mutex;
   clock_snapshot point;
-  clock_snapshot next;  // the record being made: becomes `point` once the driver has it
+  clock_snapshot next;        // the record being made: becomes `point` once the driver has it
+  std::uint64_t records = 0;  // records made: a host wait proves the point it read only if none came between
 };
 }  // namespace detail
 
@@ -475,6 +476,7 @@ class event_ref {
     std::lock_guard lock(state_->mutex);
     r->capture_into(state_->next);  // into storage kept for it: no allocation per record
     detail::check(detail::cu::cuEventRecord_nothrow(event_, s.get()), "cuEventRecord");
+    ++state_->records;
     // Recorded into a capture (this thread's, or one another thread began on the stream since
     // it was last asked), the event marks no point of the stream's work: see record_in_capture.
     if (detail::may_be_capturing(s.get())) [[unlikely]] return forget_point();
@@ -485,20 +487,20 @@ class event_ref {
   /// @return the proof that the host saw the recording stream's work, up to the record, finish
   /// @throws cuda_error
   host_order synchronize() const {
-    const detail::clock_snapshot point = snapshot();
+    const seen before = snapshot();
     detail::check(detail::cu::cuEventSynchronize_nothrow(event_), "cuEventSynchronize");
-    completed(point);
+    const detail::clock_snapshot& point = completed(before);
     return host_order(point.stream, -1, point.epoch);
   }
 
   /// True if the last record has executed (`cudaEventQuery`).
   /// @throws cuda_error for errors other than "not ready"
   [[nodiscard]] bool query() const {
-    const detail::clock_snapshot point = snapshot();
+    const seen before = snapshot();
     const CUresult r = detail::cu::cuEventQuery_nothrow(event_);
     if (r == CUDA_ERROR_NOT_READY) return false;
     detail::check(r, "cuEventQuery");
-    completed(point);
+    (void)completed(before);
     return true;
   }
 
@@ -514,6 +516,7 @@ class event_ref {
   STREAMALLOC_COLD void record_in_capture(stream_ref s) const {
     std::lock_guard lock(state_->mutex);
     detail::check(detail::cu::cuEventRecord_nothrow(event_, s.get()), "cuEventRecord");
+    ++state_->records;
     forget_point();
   }
   /// The event proves nothing from now on (its state's mutex held).
@@ -523,15 +526,29 @@ class event_ref {
     state_->point.after.clear();
   }
 
-  detail::clock_snapshot snapshot() const {
+  /// The event's last record as the host read it before waiting for it.
+  struct seen {
+    detail::clock_snapshot point;
+    std::uint64_t records = 0;
+  };
+  seen snapshot() const {
     if (state_ == nullptr) return {};
     std::lock_guard lock(state_->mutex);
-    return state_->point;
+    return {state_->point, state_->records};
   }
-  static void completed(const detail::clock_snapshot& point) {
-    if (point.stream == 0) return;
-    detail::ordering().complete(point);
-    detail::ordering().notify(point.stream);
+  /// The host saw the event's record done: the pools learn `before`'s point, which is returned,
+  /// if no record came since it was read (the driver waits for the record current when it is
+  /// asked, which may be another thread's newer one, perhaps on another stream); else nothing.
+  const detail::clock_snapshot& completed(const seen& before) const {
+    static const detail::clock_snapshot nothing{};
+    if (before.point.stream == 0) return nothing;
+    {
+      std::lock_guard lock(state_->mutex);
+      if (state_->records != before.records) return nothing;
+    }
+    detail::ordering().complete(before.point);
+    detail::ordering().notify(before.point.stream);
+    return before.point;
   }
 
   cudaEvent_t event_;

@@ -4,6 +4,8 @@
 // in real time, so the pools must learn nothing from them: a claim that the waiting stream runs
 // after the recording stream's earlier work would let a pool hand that stream memory still in
 // use. tests/gpu/lifetime_capture_test.cu shows the same with kernels running on an H200.
+// The second suite, event_waits, is about the other way an event's record can change under a
+// host wait: another thread recording it again.
 
 #include <streamalloc/error.hpp>
 #include <streamalloc/stream.hpp>
@@ -138,6 +140,52 @@ TEST_CASE("the legacy stream while a blocking stream captures: event records and
   CHECK_THROWS_WITH_AS(e.record(legacy), doctest::Contains("legacy default stream was used"), cuda_error);
   CHECK_THROWS_WITH_AS((void)legacy.wait(e), doctest::Contains("legacy default stream was used"), cuda_error);
   CHECK(end_capture_of(handle(blocking)) == CUDA_SUCCESS);  // still whole
+}
+
+}  // TEST_SUITE
+
+// A host wait on an event proves the record it waited for. The driver waits for the record
+// current when it is asked, so one made by another thread between streamalloc reading the
+// event's point and the wait (perhaps on another stream) must not let the old point pass for
+// complete.
+TEST_SUITE("event_waits") {
+
+namespace {
+struct re_record {
+  event* e;
+  stream* on;
+};
+void record_again(void* p) {
+  auto* r = static_cast<re_record*>(p);
+  r->e->record(*r->on);
+}
+}  // namespace
+
+TEST_CASE("a host wait on an event recorded again meanwhile proves nothing of the record it read") {
+  stream a, b;
+  event e;
+  for (const bool synchronize : {true, false}) {
+    CAPTURE(synchronize);
+    e.record(a);
+    const std::uint64_t read = a.ref().record().current_epoch();
+    const std::uint64_t before = a.ref().record().completed();
+    re_record again{&e, &b};
+    streamalloc_test::fake_before_next_event_wait(&record_again, &again);
+    if (synchronize) {
+      const host_order h = e.synchronize();
+      CHECK(h.point() == 0);
+    } else {
+      CHECK(e.query());
+    }
+    CHECK(a.ref().record().completed() == before);  // a's record is not known done
+    CHECK(a.ref().record().completed() < read);
+    // The control: waited for without a record between, it is.
+    e.record(a);
+    const host_order h = e.synchronize();
+    CHECK(h.stream() == a.ref().record().id());
+    CHECK(a.ref().record().completed() >= h.point());
+    CHECK(h.point() > before);
+  }
 }
 
 }  // TEST_SUITE

@@ -891,8 +891,14 @@ CUresult fake_cuStreamWaitEvent(CUstream s, CUevent e, unsigned flags) {
 // cuEventQuery and cuEventSynchronize: potentially unsafe for the capture modes; and an event
 // last recorded in a capture stands for graph nodes, which no host call can wait for, in any
 // mode (cuThreadExchangeStreamCaptureMode names this case).
+// A test's code run inside the next host wait for an event (fake_cuda_before_next_event_wait),
+// once: what another thread could do while the host waits.
+std::atomic<void (*)(void*)> next_event_wait_hook{nullptr};
+std::atomic<void*> next_event_wait_arg{nullptr};
+
 CUresult host_waits_for_event(CUevent e) {
   if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (auto* hook = next_event_wait_hook.exchange(nullptr)) hook(next_event_wait_arg.load());
   if (CUresult r = refuse_if_unsafe()) return r;
   return is_capture_id(event_of(e).last_record.load()) ? CUDA_ERROR_CAPTURED_EVENT : CUDA_SUCCESS;
 }
@@ -1485,6 +1491,13 @@ __attribute__((visibility("default"))) void fake_cuda_refuse_maps(long long afte
   std::lock_guard lock(S().m);
   maps_before_refusal = after;
   maps_refused = count;
+}
+
+/// For the tests: `hook(arg)` runs once, inside the next cuEventQuery or cuEventSynchronize,
+/// before it answers (as if another thread acted while the host waited).
+__attribute__((visibility("default"))) void fake_cuda_before_next_event_wait(void (*hook)(void*), void* arg) {
+  next_event_wait_arg = arg;
+  next_event_wait_hook = hook;
 }
 
 /// For the tests: cuMemSetAccess calls since the library was loaded.

@@ -124,6 +124,11 @@ inline void fake_refuse_maps(long long after, long long count) {
   fake_hook<void (*)(long long, long long)>("fake_cuda_refuse_maps")(after, count);
 }
 
+/// Runs `hook(arg)` once, inside the next cuEventQuery or cuEventSynchronize, before it answers.
+inline void fake_before_next_event_wait(void (*hook)(void*), void* arg) {
+  fake_hook<void (*)(void (*)(void*), void*)>("fake_cuda_before_next_event_wait")(hook, arg);
+}
+
 /// cuMemSetAccess calls since the fake was loaded.
 inline long long fake_set_access_calls() { return fake_hook<long long (*)()>("fake_cuda_set_access_calls")(); }
 
