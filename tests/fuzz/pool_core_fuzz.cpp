@@ -181,6 +181,7 @@ struct fuzz_backend {
     explicit capture_guard(fuzz_backend&) noexcept {}
   };
   bool capturing(const stream_key&) noexcept { return false; }
+  bool lost_to_capture(const stream_key&, event&) noexcept { return false; }
   sim_backend sim;
   harness* h;
 

@@ -33,6 +33,7 @@ struct device_backend {
   streamalloc_test::sim_backend sim;
 
   bool capturing(const streamalloc::detail::stream_key&) noexcept { return false; }
+  bool lost_to_capture(const streamalloc::detail::stream_key&, event&) noexcept { return false; }
   std::uint64_t granularity() const { return sim.granularity(); }
   std::uint64_t reserve(std::uint64_t b) {
     const device_call c;

@@ -110,6 +110,7 @@ struct sim_backend {
     explicit capture_guard(sim_backend&) noexcept {}
   };
   bool capturing(const streamalloc::detail::stream_key&) noexcept { return false; }
+  bool lost_to_capture(const streamalloc::detail::stream_key&, event&) noexcept { return false; }
   std::shared_ptr<sim_device> dev;
 
   std::uint64_t granularity() const { return dev->granularity; }

@@ -34,11 +34,21 @@ struct counting_backend : sim_backend {
   int records = 0, idles = 0, waits = 0, synchronizes = 0, destroys = 0;
   void* captured = nullptr;  ///< the handle of a stream being captured, if any
   bool capturing(const stream_key& k) noexcept { return k.native == captured; }
+  /// A stream whose capture another thread begins while the next event is recorded on it.
+  void* capture_begins_on_record = nullptr;
+  int lost = 0;  ///< events let go of after a record that may have gone into a capture
+  bool lost_to_capture(const stream_key& k, event& e) noexcept {
+    if (!capturing(k)) return false;
+    ++lost;
+    sim_backend::destroy(e);  // the simulated device's books; the driver's event would be kept
+    return true;
+  }
   /// ('s' synchronize | 'd' destroy, event) in call order: drop_events must wait before it destroys.
   std::vector<std::pair<char, event>> log;
 
   event record(const stream_key& k) {
     ++records;
+    if (k.native == capture_begins_on_record) captured = k.native;
     return sim_backend::record(k);
   }
   bool idle(const stream_key& k) {
@@ -377,6 +387,37 @@ TEST_CASE("latest_cover: a new event where the handle may be used, else the newe
     CHECK(f.completion.latest_cover(st) > st.events.front().epoch);
     CHECK(f.backend.records == 2);
   }
+}
+
+TEST_CASE("an event recorded while another thread begins capturing the stream covers nothing") {
+  fixture f;
+  auto s = make_stream(true);
+  state st(s.key());
+  f.free_on(st);
+  const std::uint64_t first = f.completion.latest_cover(st);  // a real one
+  REQUIRE(first != 0);
+  f.free_on(st);
+  f.backend.capture_begins_on_record = s.native;
+  // The stream was not capturing when asked; it is after the record: the record may be a node
+  // of the capture. No event joins the list, so no waiter is made to join that capture, and
+  // the newest real event is what a waiter may still be ordered after.
+  CHECK(f.completion.latest_cover(st) == first);
+  CHECK(f.backend.records == 2);
+  CHECK(f.backend.lost == 1);
+  REQUIRE(st.events.size() == 1);
+  CHECK(st.last_event_epoch == first);
+  // The same through cover, on the stream's own call.
+  f.backend.captured = nullptr;
+  f.free_on(st);
+  f.completion.cover(st, s.key());
+  CHECK(f.backend.lost == 2);
+  CHECK(st.events.size() == 1);
+  // Once the capture is over, events cover again.
+  f.backend.capture_begins_on_record = nullptr;
+  f.backend.captured = nullptr;
+  f.completion.cover(st, s.key());
+  CHECK(st.events.size() == 2);
+  CHECK(st.last_event_epoch > first);
 }
 
 TEST_CASE("wait_for_latest: a stream wait (or the host's) on the newest event, and the registry learns it") {

@@ -107,6 +107,10 @@ class completion_tracker {
     reap(st);
     const clock_snapshot point = st.record->capture();
     auto ev = backend_.record(s);
+    // Another thread may have begun capturing the stream since it was found not capturing (a
+    // `stream` whose handle the pool keeps is used by its owner's thread too): the record may
+    // then be a node of that capture, marking no point of the stream's work. It covers nothing.
+    if (backend_.lost_to_capture(s, ev)) [[unlikely]] return;
     try {
       st.events.push_back({ev, point.epoch});
     } catch (...) {  // out of host memory: the event is not kept, so it must not outlive this
@@ -131,11 +135,8 @@ class completion_tracker {
   /// its handle may be used (whatever the frees since the last one), else the newest the pool
   /// recorded while the stream was in hand. 0: there is none.
   std::uint64_t latest_cover(state& st) {
-    if (void* native = handle_now(st, stream_key{})) {
-      record_on(st, {st.record.get(), native});
-      return st.last_event_epoch;
-    }
-    return st.events.empty() ? 0 : st.events.back().epoch;
+    if (void* native = handle_now(st, stream_key{})) record_on(st, {st.record.get(), native});
+    return st.events.empty() ? 0 : st.events.back().epoch;  // the newest: the one just recorded, if any
   }
 
   /// Orders stream `s` (state `waiter`) after `st`'s newest event, which covers `st`'s frees up

@@ -65,6 +65,7 @@ concept pool_backend = requires(B& b, std::uint64_t n, typename B::handle& h, ty
   { b.done(e) } -> std::convertible_to<bool>;
   { b.idle(k) } -> std::convertible_to<bool>;
   { b.capturing(k) } noexcept -> std::convertible_to<bool>;
+  { b.lost_to_capture(k, e) } noexcept -> std::convertible_to<bool>;
   b.wait(k, e);
   { b.synchronize(e) } noexcept;
   { b.destroy(e) } noexcept;

@@ -225,6 +225,14 @@ class vmm_backend {
     const CUresult r = cu::cuStreamIsCapturing_nothrow(static_cast<CUstream>(k.native), &status);
     return r != CUDA_SUCCESS || status != CU_STREAM_CAPTURE_STATUS_NONE;  // unknown: leave it alone
   }
+  /// After `record(k)`: is `k` capturing now, so that the record may be a node of the capture
+  /// (which would record the event again at each launch)? Then the event is let go of without
+  /// being given back or destroyed, as a graph may name it: one event, in a race that rare.
+  bool lost_to_capture(const stream_key& k, event& e) noexcept {
+    if (!capturing(k)) [[likely]] return false;
+    e.ev = nullptr;
+    return true;
+  }
   bool idle(const stream_key& k) {
     const stream_context on_stream_device(k);
     return cu::cuStreamQuery_nothrow(static_cast<CUstream>(k.native)) == CUDA_SUCCESS;
