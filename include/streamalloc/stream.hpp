@@ -468,10 +468,12 @@ class event_ref {
     }
     // Before the lock: meeting a stream may retire another.
     detail::stream_record* r = s.known_record();
-    if (r == nullptr) {
-      // A raw handle: CUDA tells the id only of a stream that is not capturing.
+    // Asked first of a raw handle, whose id CUDA tells only of a stream that is not capturing,
+    // and of the legacy stream, which CUDA refuses (invalidating the capture) while a blocking
+    // stream of its device captures: is_capturing throws then, before CUDA sees the record.
+    if (r == nullptr || detail::is_legacy_handle(s.get())) {
       if (detail::is_capturing(s.get(), "streamalloc::event::record")) [[unlikely]] return record_in_capture(s);
-      r = &detail::resolve_uncaptured_stream(s.get());
+      if (r == nullptr) r = &detail::resolve_uncaptured_stream(s.get());
     }
     std::lock_guard lock(state_->mutex);
     r->capture_into(state_->next);  // into storage kept for it: no allocation per record
@@ -675,10 +677,9 @@ class event {
 
 inline stream_order stream_ref::wait(event_ref e) const {
   detail::stream_record* known = record_;
-  if (known == nullptr) {
-    // A raw handle: CUDA tells the id only of a stream that is not capturing.
+  if (known == nullptr || detail::is_legacy_handle(stream_)) {  // asked first, as in event_ref::record
     if (detail::is_capturing(stream_, "streamalloc::stream_ref::wait")) [[unlikely]] return wait_in_capture(e);
-    known = &detail::resolve_uncaptured_stream(stream_);
+    if (known == nullptr) known = &detail::resolve_uncaptured_stream(stream_);
   }
   detail::stream_record& r = *known;
   if (e.state_ == nullptr) {
@@ -690,18 +691,20 @@ inline stream_order stream_ref::wait(event_ref e) const {
   // A stream that is capturing now (its own capture, or one it joined by this very wait, on an
   // event recorded in it) is ordered after nothing in real time by the wait: it learns nothing.
   // The event's point is empty when streamalloc recorded it in the capture, but not when a raw
-  // cudaEventRecord did: asked after the wait, this covers both.
+  // cudaEventRecord did during the capture: asked after the wait, this covers both. (A raw
+  // record outside captures cannot be seen: docs/pool.md, "What is checked, what is undefined".)
   if (detail::may_be_capturing(stream_)) [[unlikely]] return stream_order(0, 0, r.id());
   r.wait_for(e.state_->point);
   return stream_order(e.state_->point.stream, e.state_->point.epoch, r.id());
 }
 
-// A capturing raw stream's wait is an edge of the graph being built: the stream's own work is
-// ordered after nothing by it in real time. The pools learn nothing, and the token proves
-// nothing: its streams are 0 (CUDA does not tell a capturing stream's id).
+// A capturing stream's wait (asked first: a raw handle or the legacy stream) is an edge of the
+// graph being built: the stream's own work is ordered after nothing by it in real time. The
+// pools learn nothing, and the token proves nothing: its earlier stream is 0, and so is its
+// later one unless the reference carries its record (CUDA does not tell a capturing stream's id).
 STREAMALLOC_COLD inline stream_order stream_ref::wait_in_capture(event_ref e) const {
   detail::check(detail::cu::cuStreamWaitEvent_nothrow(stream_, e.event_, 0), "cuStreamWaitEvent");
-  return stream_order(0, 0, 0);
+  return stream_order(0, 0, record_ != nullptr ? record_->id() : 0);
 }
 
 inline stream_order stream::wait(event_ref e) const { return ref().wait(e); }

@@ -133,12 +133,16 @@ TEST_CASE("the per-thread default stream under capture: events work, what needs 
 TEST_CASE("the legacy stream while a blocking stream captures: event records and waits are refused before CUDA sees them") {
   stream blocking(0, stream_flags::blocking);
   const stream_ref legacy = stream_ref::legacy_default();
+  const stream_ref resolved = legacy.resolved();  // carries its record: asked all the same
+  REQUIRE(resolved.known_record() != nullptr);
   event e;
   REQUIRE(cu::cuStreamBeginCapture_nothrow(handle(blocking), CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS);
   // Recorded or waited there, the work would join the capture implicitly; CUDA would refuse it
   // and invalidate the capture.
-  CHECK_THROWS_WITH_AS(e.record(legacy), doctest::Contains("legacy default stream was used"), cuda_error);
-  CHECK_THROWS_WITH_AS((void)legacy.wait(e), doctest::Contains("legacy default stream was used"), cuda_error);
+  for (const stream_ref on : {legacy, resolved}) {
+    CHECK_THROWS_WITH_AS(e.record(on), doctest::Contains("legacy default stream was used"), cuda_error);
+    CHECK_THROWS_WITH_AS((void)on.wait(e), doctest::Contains("legacy default stream was used"), cuda_error);
+  }
   CHECK(end_capture_of(handle(blocking)) == CUDA_SUCCESS);  // still whole
 }
 

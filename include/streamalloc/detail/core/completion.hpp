@@ -132,8 +132,8 @@ class completion_tracker {
   }
 
   /// An event on `st`'s stream covering its frees up to the returned epoch: recorded now when
-  /// its handle may be used (whatever the frees since the last one), else the newest the pool
-  /// recorded while the stream was in hand. 0: there is none.
+  /// its handle may be used (whatever the frees since the last one), else, or when that record
+  /// was lost to a capture begun meanwhile, the newest the pool recorded before. 0: there is none.
   std::uint64_t latest_cover(state& st) {
     if (void* native = handle_now(st, stream_key{})) record_on(st, {st.record.get(), native});
     return st.events.empty() ? 0 : st.events.back().epoch;  // the newest: the one just recorded, if any

@@ -225,9 +225,11 @@ class vmm_backend {
     const CUresult r = cu::cuStreamIsCapturing_nothrow(static_cast<CUstream>(k.native), &status);
     return r != CUDA_SUCCESS || status != CU_STREAM_CAPTURE_STATUS_NONE;  // unknown: leave it alone
   }
-  /// After `record(k)`: is `k` capturing now, so that the record may be a node of the capture
-  /// (which would record the event again at each launch)? Then the event is let go of without
-  /// being given back or destroyed, as a graph may name it: one event, in a race that rare.
+  /// After `record(k)`: is `k` capturing now, so that the record may have gone into the
+  /// capture (a dependency of the capture's later work, no point of the stream's)? Then the
+  /// event is let go of, neither reused nor destroyed: what CUDA does with an event last
+  /// recorded in a capture that is destroyed meanwhile is not documented, and one event lost
+  /// in a race that rare costs nothing.
   bool lost_to_capture(const stream_key& k, event& e) noexcept {
     if (!capturing(k)) [[likely]] return false;
     e.ev = nullptr;
