@@ -187,6 +187,7 @@ inline stream_record& record_of_stream(CUstream s, std::uint64_t id) {
       res = cu::cuCtxGetDevice_nothrow(&d);
     }
     check(res, "cuCtxGetDevice");
+    r.set_context(ctx);
     r.set_device(static_cast<int>(d));
     if (is_legacy_handle(s)) r.mark_handle_stable();
   }

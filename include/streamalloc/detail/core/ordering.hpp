@@ -93,6 +93,10 @@ class alignas(128) stream_record {
   /// The device the stream belongs to; -1 until known.
   [[nodiscard]] int device() const noexcept { return device_.load(std::memory_order_relaxed); }
   void set_device(int d) noexcept { device_.store(d, std::memory_order_relaxed); }
+  /// The stream's context (a CUcontext; this layer makes no CUDA call), or null until known:
+  /// kept so that the pools need not ask CUDA, which refuses to tell a capturing stream's.
+  [[nodiscard]] void* context() const noexcept { return context_.load(std::memory_order_acquire); }
+  void set_context(void* c) noexcept { context_.store(c, std::memory_order_release); }
 
   /// The stamp of a free enqueued now. A read-modify-write, so that a host synchronization
   /// that advances the epoch afterwards is ordered after everything this thread enqueued
@@ -291,6 +295,7 @@ class alignas(128) stream_record {
 
   const std::uint64_t id_;
   std::atomic<int> device_{-1};
+  std::atomic<void*> context_{nullptr};
   // Epoch 0 is never a stamp, so "ordered after 0" and "completed 0" mean nothing is known.
   std::atomic<std::uint64_t> epoch_;
   std::atomic<std::uint64_t> completed_{0};

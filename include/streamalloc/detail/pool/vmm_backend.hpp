@@ -193,7 +193,10 @@ class vmm_backend {
     auto s = static_cast<CUstream>(k.native);
     const stream_context on_stream_device(k);
     event e;
-    check(cu::cuStreamGetCtx_nothrow(s, &e.ctx), "cuStreamGetCtx");
+    // The context the stream's record keeps: CUDA refuses a capturing stream's, and a capture
+    // may begin (on another thread) since the pool found the stream not capturing.
+    e.ctx = k.record != nullptr ? static_cast<CUcontext>(k.record->context()) : nullptr;
+    if (e.ctx == nullptr) check(cu::cuStreamGetCtx_nothrow(s, &e.ctx), "cuStreamGetCtx");
     auto& spare = spare_events_[e.ctx];
     if (!spare.empty()) {
       e.ev = spare.back();
