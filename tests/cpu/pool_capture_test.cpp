@@ -13,6 +13,7 @@
 
 #include "fake_driver.hpp"
 
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -216,6 +217,42 @@ TEST_CASE("the legacy stream while a blocking stream captures: refused, naming i
   if (g != nullptr) cu::cuGraphDestroy(g);
   void* x = p.allocate(MiB, stream_ref::legacy_default());  // and once it is over, it is served
   p.deallocate(x, stream_ref::legacy_default());
+}
+
+namespace {
+void begin_relaxed_capture(void* stream) {
+  cu::cuStreamBeginCapture(static_cast<CUstream>(stream), CU_STREAM_CAPTURE_MODE_RELAXED);
+}
+}  // namespace
+
+TEST_CASE("a capture begun on a stream while the pool records its event there: the event covers nothing") {
+  // One chunk, never released, and no room to grow: x's memory is the only memory there is, so
+  // a request on b must wait on a's free (an internal dependency: an event on a, waited for).
+  pool p(pool_properties{.max_size = 2 * MiB, .release_threshold = SIZE_MAX, .chunk_size = 2 * MiB});
+  stream a, b;
+  void* x = p.allocate(2 * MiB, a.ref());
+  streamalloc_test::fake_hold_stream(handle(a), true);  // a's work has not run: its free waits
+  p.deallocate(x, a.ref());
+  // Another thread begins capturing a just as the pool records the event that would cover x's
+  // free (between the pool's question and its cuEventRecord): the record goes into the capture.
+  streamalloc_test::fake_before_next_event_record(&begin_relaxed_capture, handle(a));
+  const auto captured_before = fake_graphs().captured_event_records;
+  // The event is lost to the capture: b is not made to wait on it (and so join the capture and
+  // be taken to run after a's free); with nothing else to serve it, the request fails.
+  CHECK_THROWS_AS((void)p.allocate(2 * MiB, b.ref()), out_of_memory);
+  CHECK(fake_graphs().captured_event_records == captured_before + 1);  // the race did happen
+  CHECK(b.ref().record().ordered_after(a.ref().record().id()) == 0);
+  CUgraph g = nullptr;
+  CHECK(cu::cuStreamEndCapture_nothrow(handle(a), &g) == CUDA_SUCCESS);  // b never joined it
+  if (g != nullptr) cu::cuGraphDestroy(g);
+  // Once the capture is over, a's free is covered by a new event, and b waits on it.
+  void* y = p.allocate(2 * MiB, b.ref());
+  CHECK(y == x);
+  CHECK(b.ref().record().ordered_after(a.ref().record().id()) > 0);
+  streamalloc_test::fake_hold_stream(handle(a), false);
+  p.deallocate(y, b.ref());
+  b.synchronize();
+  CHECK(p.statistics().live_allocations == 0);
 }
 
 TEST_CASE("an invalidated capture and a closed pool") {

@@ -616,9 +616,12 @@ CUresult fake_cuCtxPopCurrent(CUcontext* c) {
   current_context = context_stack_size == 0 ? nullptr : context_stack[--context_stack_size];
   return CUDA_SUCCESS;
 }
+void let_go_all();
 CUresult fake_cuCtxSynchronize() {
   if (CUresult r = need_context()) return r;
-  return refuse_if_unsafe();
+  if (CUresult r = refuse_if_unsafe()) return r;
+  let_go_all();  // every stream's work runs (the fake does not tell contexts apart here)
+  return CUDA_SUCCESS;
 }
 
 struct fake_stream {
@@ -647,6 +650,33 @@ stream_view view_of(CUstream s) {
   if (s == CU_STREAM_PER_THREAD) return {false, &per_thread_stream_key, true, current_context};
   const auto* fs = reinterpret_cast<const fake_stream*>(s);
   return {false, fs, (fs->flags & CU_STREAM_NON_BLOCKING) == 0, fs->ctx};
+}
+
+// Streams a test holds busy (fake_cuda_hold_stream): their work does not run, so a query of
+// the stream or of an event recorded on it meanwhile answers "not ready", until the test lets
+// go or the host waits for it (which, in the fake, runs it). Each hold has a number, so an
+// event recorded during an earlier hold is done once that hold ended.
+std::mutex held_mutex;
+std::unordered_map<const void*, unsigned long long> held_streams;  // stream key -> hold number
+std::atomic<int> holds{0};
+std::atomic<unsigned long long> next_hold{1};
+
+unsigned long long hold_of(const void* key) {
+  if (holds.load() == 0 || key == nullptr) return 0;
+  std::lock_guard lock(held_mutex);
+  auto it = held_streams.find(key);
+  return it == held_streams.end() ? 0 : it->second;
+}
+void let_go(const void* key) {
+  if (holds.load() == 0) return;
+  std::lock_guard lock(held_mutex);
+  if (held_streams.erase(key) != 0) --holds;
+}
+void let_go_all() {
+  if (holds.load() == 0) return;
+  std::lock_guard lock(held_mutex);
+  held_streams.clear();
+  holds = 0;
 }
 
 // The capture `stream_key` takes part in, or null. Called with S().m held, as are the helpers
@@ -779,8 +809,15 @@ CUresult host_waits_for_stream(CUstream s) {
   }
   return CUDA_SUCCESS;
 }
-CUresult fake_cuStreamSynchronize(CUstream s) { return host_waits_for_stream(s); }
-CUresult fake_cuStreamQuery(CUstream s) { return host_waits_for_stream(s); }
+CUresult fake_cuStreamSynchronize(CUstream s) {
+  const CUresult r = host_waits_for_stream(s);
+  if (r == CUDA_SUCCESS) let_go(view_of(s).stream_key);  // the host waits: its work runs
+  return r;
+}
+CUresult fake_cuStreamQuery(CUstream s) {
+  const CUresult r = host_waits_for_stream(s);
+  return r == CUDA_SUCCESS && hold_of(view_of(s).stream_key) != 0 ? CUDA_ERROR_NOT_READY : r;
+}
 
 // An event's last record: never recorded, recorded for real (outside any capture), or recorded
 // into the capture with that id, which makes it a node of that capture's graph, not a point in
@@ -793,6 +830,8 @@ bool is_capture_id(cuuint64_t last_record) {
 struct fake_event {
   std::atomic<cuuint64_t> last_record{never_recorded};
   CUcontext ctx = nullptr;  // current when it was made: it may be recorded on streams of that context only
+  std::atomic<const void*> held_on{nullptr};    // recorded on a held stream (not yet run) ...
+  std::atomic<unsigned long long> hold{0};       // ... during this hold
 };
 fake_event& event_of(CUevent e) { return *reinterpret_cast<fake_event*>(e); }
 std::atomic<long long> captured_event_records{0};
@@ -812,6 +851,11 @@ CUresult fake_cuEventDestroy(CUevent e) {
   return CUDA_SUCCESS;
 }
 
+// A test's code run inside the next cuEventRecord, once, before it records
+// (fake_cuda_before_next_event_record): what another thread could do meanwhile.
+std::atomic<void (*)(void*)> next_event_record_hook{nullptr};
+std::atomic<void*> next_event_record_arg{nullptr};
+
 CUresult fake_cuEventRecord(CUevent e, CUstream s) {
   if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   fake_event& ev = event_of(e);
@@ -822,18 +866,21 @@ CUresult fake_cuEventRecord(CUevent e, CUstream s) {
     if (v.ctx != ev.ctx) return CUDA_ERROR_INVALID_HANDLE;
     if (v.legacy) note_legacy_call();
   }
-  if (!any_capture()) {
+  if (auto* hook = next_event_record_hook.exchange(nullptr)) hook(next_event_record_arg.load());
+  const auto recorded_outside = [&ev, s] {
     ev.last_record = recorded_outside_capture;
+    const void* key = view_of(s).stream_key;
+    const unsigned long long h = hold_of(key);
+    ev.held_on = h != 0 ? key : nullptr;
+    ev.hold = h;
     return CUDA_SUCCESS;
-  }
+  };
+  if (!any_capture()) return recorded_outside();
   const stream_view v = view_of(s);
   std::lock_guard lock(S().m);
   if (v.legacy && legacy_conflicts_locked(v.ctx, true)) return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
   capture* c = v.legacy ? nullptr : capture_of_locked(v.stream_key);
-  if (c == nullptr) {
-    ev.last_record = recorded_outside_capture;
-    return CUDA_SUCCESS;
-  }
+  if (c == nullptr) return recorded_outside();
   if (c->invalidated) return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
   ev.last_record = c->id;
   ++captured_event_records;
@@ -902,8 +949,21 @@ CUresult host_waits_for_event(CUevent e) {
   if (CUresult r = refuse_if_unsafe()) return r;
   return is_capture_id(event_of(e).last_record.load()) ? CUDA_ERROR_CAPTURED_EVENT : CUDA_SUCCESS;
 }
-CUresult fake_cuEventQuery(CUevent e) { return host_waits_for_event(e); }
-CUresult fake_cuEventSynchronize(CUevent e) { return host_waits_for_event(e); }
+// Recorded during a hold that has not ended: not run yet.
+bool event_held(CUevent e) {
+  const fake_event& ev = event_of(e);
+  const void* key = ev.held_on.load();
+  return key != nullptr && ev.last_record.load() == recorded_outside_capture && hold_of(key) == ev.hold.load();
+}
+CUresult fake_cuEventQuery(CUevent e) {
+  const CUresult r = host_waits_for_event(e);
+  return r == CUDA_SUCCESS && event_held(e) ? CUDA_ERROR_NOT_READY : r;
+}
+CUresult fake_cuEventSynchronize(CUevent e) {
+  const CUresult r = host_waits_for_event(e);
+  if (r == CUDA_SUCCESS && event_held(e)) let_go(event_of(e).held_on.load());  // the host waits: it runs
+  return r;
+}
 
 // --- the driver's internal thread: user-object destructors run there --------------------------
 
@@ -1498,6 +1558,25 @@ __attribute__((visibility("default"))) void fake_cuda_refuse_maps(long long afte
 __attribute__((visibility("default"))) void fake_cuda_before_next_event_wait(void (*hook)(void*), void* arg) {
   next_event_wait_arg = arg;
   next_event_wait_hook = hook;
+}
+
+/// For the tests: `hook(arg)` runs once, inside the next cuEventRecord, before it records.
+__attribute__((visibility("default"))) void fake_cuda_before_next_event_record(void (*hook)(void*), void* arg) {
+  next_event_record_arg = arg;
+  next_event_record_hook = hook;
+}
+
+/// For the tests: holds stream `s` busy (`hold`) or lets it go: while held, cuStreamQuery on it
+/// and cuEventQuery of events recorded on it answer CUDA_ERROR_NOT_READY; a host wait for it
+/// (cuStreamSynchronize, cuEventSynchronize, cuCtxSynchronize) lets it go.
+__attribute__((visibility("default"))) void fake_cuda_hold_stream(CUstream s, bool hold) {
+  const void* key = view_of(s).stream_key;
+  std::lock_guard lock(held_mutex);
+  if (hold) {
+    if (held_streams.emplace(key, next_hold++).second) ++holds;
+  } else if (held_streams.erase(key) != 0) {
+    --holds;
+  }
 }
 
 /// For the tests: cuMemSetAccess calls since the library was loaded.

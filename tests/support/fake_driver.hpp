@@ -129,6 +129,17 @@ inline void fake_before_next_event_wait(void (*hook)(void*), void* arg) {
   fake_hook<void (*)(void (*)(void*), void*)>("fake_cuda_before_next_event_wait")(hook, arg);
 }
 
+/// Runs `hook(arg)` once, inside the next cuEventRecord, before it records.
+inline void fake_before_next_event_record(void (*hook)(void*), void* arg) {
+  fake_hook<void (*)(void (*)(void*), void*)>("fake_cuda_before_next_event_record")(hook, arg);
+}
+
+/// Holds stream `s` busy (its work does not run: queries of it and of events recorded on it
+/// say "not ready") or lets it go; a host wait for it lets it go too.
+inline void fake_hold_stream(CUstream s, bool hold) {
+  fake_hook<void (*)(CUstream, bool)>("fake_cuda_hold_stream")(s, hold);
+}
+
 /// cuMemSetAccess calls since the fake was loaded.
 inline long long fake_set_access_calls() { return fake_hook<long long (*)()>("fake_cuda_set_access_calls")(); }
 
