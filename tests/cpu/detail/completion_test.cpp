@@ -36,11 +36,11 @@ struct counting_backend : sim_backend {
   bool capturing(const stream_key& k) noexcept { return k.native == captured; }
   /// A stream whose capture another thread begins while the next event is recorded on it.
   void* capture_begins_on_record = nullptr;
-  int lost = 0;  ///< events let go of after a record that may have gone into a capture
+  int lost = 0;  ///< events destroyed after a record that may have gone into a capture
   bool lost_to_capture(const stream_key& k, event& e) noexcept {
     if (!capturing(k)) return false;
     ++lost;
-    sim_backend::destroy(e);  // the simulated device's books; the driver's event would be kept
+    sim_backend::destroy(e);
     return true;
   }
   /// ('s' synchronize | 'd' destroy, event) in call order: drop_events must wait before it destroys.

@@ -230,11 +230,11 @@ class vmm_backend {
   }
   /// After `record(k)`: is `k` capturing now, so that the record may have gone into the
   /// capture (a dependency of the capture's later work, no point of the stream's)? Then the
-  /// event is let go of, neither reused nor destroyed: what CUDA does with an event last
-  /// recorded in a capture that is destroyed meanwhile is not documented, and one event lost
-  /// in a race that rare costs nothing.
+  /// event is destroyed, not kept for reuse: a captured record makes no node of the graph, so
+  /// nothing refers to the event, but the spare list is for events whose records ran.
   bool lost_to_capture(const stream_key& k, event& e) noexcept {
     if (!capturing(k)) [[likely]] return false;
+    (void)cu::cuEventDestroy_nothrow(e.ev);
     e.ev = nullptr;
     return true;
   }
