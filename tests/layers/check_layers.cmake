@@ -8,7 +8,7 @@ set(layer_0 detail/config.hpp version.hpp)
 set(layer_1 detail/driver/ error.hpp driver.hpp memory_location.hpp shareable_handle.hpp ipc_descriptor.hpp)
 set(layer_2 address_reservation.hpp physical_allocation.hpp mapping.hpp access.hpp vmm.hpp)
 set(layer_3 detail/core/ placement.hpp pool_statistics.hpp reuse_policy.hpp)
-set(layer_4 stream.hpp ordering.hpp user_object.hpp)
+set(layer_4 detail/stream_lookup.hpp stream.hpp ordering.hpp user_object.hpp)
 set(layer_5 detail/pool/ detail/ipc/ pool_properties.hpp pool.hpp captured_graph.hpp graph_exec.hpp graph_allocation.hpp)
 set(layer_6 detail/allocation_log.hpp detail/buffer_readers.hpp detail/log_sink.hpp logging_options.hpp device_arena.hpp stream_buffer.hpp resource.hpp logging_resource.hpp ipc.hpp streamalloc.hpp c_library.hpp)
 

@@ -19,6 +19,7 @@
 
 #include <streamalloc/access.hpp>
 #include <streamalloc/address_reservation.hpp>
+#include <streamalloc/detail/driver/capture.hpp>
 #include <streamalloc/detail/driver/context.hpp>
 #include <streamalloc/detail/driver/driver_api.hpp>
 #include <streamalloc/error.hpp>
@@ -224,9 +225,7 @@ class vmm_backend {
   bool done(event& e) { return cu::cuEventQuery_nothrow(e.ev) == CUDA_SUCCESS; }
   bool capturing(const stream_key& k) noexcept {
     const stream_context on_stream_device(k);
-    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
-    const CUresult r = cu::cuStreamIsCapturing_nothrow(static_cast<CUstream>(k.native), &status);
-    return r != CUDA_SUCCESS || status != CU_STREAM_CAPTURE_STATUS_NONE;  // unknown: leave it alone
+    return may_be_capturing(static_cast<CUstream>(k.native));  // unknown: leave it alone
   }
   /// After `record(k)`: is `k` capturing now, so that the record may have gone into the
   /// capture (a dependency of the capture's later work, no point of the stream's)? Then the
