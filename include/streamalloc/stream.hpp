@@ -339,8 +339,8 @@ class event_ref {
   friend class stream_ref;
   event_ref(cudaEvent_t e, detail::event_state* st) noexcept : event_(e), state_(st) {}
 
-  // Recorded into a capture, the event becomes a node of the graph being built, not a point of
-  // the stream's work: the graph runs whenever, and into whichever stream, it is launched. A
+  // Recorded into a capture, the event marks a point of the graph being built (work captured
+  // later may depend on it), not a point of the stream's work: the graph runs whenever, and into whichever stream, it is launched. A
   // stream that waits on it joins the capture, and is ordered after nothing in real time, so
   // the event proves nothing from now on. (CUDA refuses to synchronize with or query it.)
   STREAMALLOC_COLD void record_in_capture(stream_ref s) const {

@@ -1,6 +1,6 @@
 // Events and waits through streamalloc while a stream is captured into a graph, against the fake
-// driver's model of capture (tests/fake_driver). Recorded into a capture, an event is a node of
-// the graph being built; a stream that waits on it joins the capture. Neither orders any work
+// driver's model of capture (tests/fake_driver). Recorded into a capture, an event marks a point
+// of the graph being built; a stream that waits on it joins the capture. Neither orders any work
 // in real time, so the pools must learn nothing from them: a claim that the waiting stream runs
 // after the recording stream's earlier work would let a pool hand that stream memory still in
 // use. tests/gpu/lifetime_capture_test.cu shows the same with kernels running on an H200.

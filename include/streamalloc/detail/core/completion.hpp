@@ -109,7 +109,7 @@ class completion_tracker {
     auto ev = backend_.record(s);
     // Another thread may have begun capturing the stream since it was found not capturing (a
     // `stream` whose handle the pool keeps is used by its owner's thread too): the record may
-    // then be a node of that capture, marking no point of the stream's work. It covers nothing.
+    // then have gone into that capture, marking no point of the stream's work. It covers nothing.
     if (backend_.lost_to_capture(s, ev)) [[unlikely]] return;
     try {
       st.events.push_back({ev, point.epoch});
