@@ -41,9 +41,9 @@ struct config {
   bool own;  // a request of a chunk or more gets a chunk of its own size (the default pool until 0.x)
 };
 // The default pool (64 MiB chunks, large requests built from them), the default before large
-// requests were built from chunks ("own": one handle of their own size), an intermediate, and
-// `compact` (2 MiB chunks).
-constexpr config configs[] = {{64u << 20, false}, {64u << 20, true}, {16u << 20, false}, {2u << 20, false}};
+// requests were built from chunks ("own": one handle of their own size), PyTorch's expandable
+// segments' page (20 MiB), an intermediate, and `compact` (2 MiB chunks).
+constexpr config configs[] = {{64u << 20, false}, {64u << 20, true}, {20u << 20, false}, {16u << 20, false}, {2u << 20, false}};
 
 std::string snapshot_dir;  // --snapshots
 std::size_t snapshot_at = 0;  // --snapshot-at: after this operation (1-based) instead of at the peak
