@@ -7,7 +7,8 @@
 // It also asks the driver the question the lookup's cost hangs on: may a thread call
 // cuStreamGetId while another thread captures a stream in global mode, without first
 // switching itself to relaxed mode? (If the call were refused there, it would also invalidate
-// that other thread's capture.)
+// that other thread's capture.) And what the calls a pool makes on a `stream` it settles
+// (idle query, event record) do to a capture another thread has begun on that stream.
 //
 //   bench_stream_lookup [--json FILE]
 
@@ -130,6 +131,54 @@ std::string get_id_during_global_capture(bool same_thread, bool of_captured_stre
   cudaStreamDestroy(mine);
   return "cuStreamGetId: " + result_name(get_id) + ", the capture: " + cudaGetErrorName(end);
 }
+
+/// Another thread captures a stream in `mode`; this thread, in its own default mode (global) or
+/// switched to relaxed, makes one call on that stream, the kind of call a pool makes on a
+/// `stream` it settles: is it idle (cuStreamQuery), an event to cover its frees (cuEventRecord),
+/// is it capturing, its id. Says what the call and the capture's end returned: a call that
+/// invalidates the capture breaks that other thread's program, one merely refused does not.
+std::string call_during_others_capture(cudaStreamCaptureMode mode, bool relaxed, int call) {
+  cudaStream_t captured;
+  BENCH_CHECK(cudaStreamCreateWithFlags(&captured, cudaStreamNonBlocking));
+  cudaEvent_t ev;
+  BENCH_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+  CUresult r = CUDA_SUCCESS;
+  cudaError_t end = cudaSuccess;
+  std::atomic<int> phase{0};
+  std::thread capturer([&] {
+    BENCH_CHECK(cudaSetDevice(0));
+    BENCH_CHECK(cudaStreamBeginCapture(captured, mode));
+    phase = 1;
+    while (phase.load() != 2) {
+    }
+    cudaGraph_t g = nullptr;
+    end = cudaStreamEndCapture(captured, &g);
+    if (g != nullptr) cudaGraphDestroy(g);
+  });
+  while (phase.load() != 1) {
+  }
+  CUstreamCaptureMode m = CU_STREAM_CAPTURE_MODE_RELAXED;
+  if (relaxed) (void)cu::cuThreadExchangeStreamCaptureMode_nothrow(&m);
+  const auto s = static_cast<CUstream>(captured);
+  if (call == 0) {
+    r = cu::cuStreamQuery_nothrow(s);
+  } else if (call == 1) {
+    r = cu::cuEventRecord_nothrow(static_cast<CUevent>(ev), s);
+  } else if (call == 2) {
+    CUstreamCaptureStatus st;
+    r = cu::cuStreamIsCapturing_nothrow(s, &st);
+  } else {
+    unsigned long long id = 0;
+    r = cu::cuStreamGetId_nothrow(s, &id);
+  }
+  if (relaxed) (void)cu::cuThreadExchangeStreamCaptureMode_nothrow(&m);
+  phase = 2;
+  capturer.join();
+  (void)cudaGetLastError();
+  cudaEventDestroy(ev);
+  cudaStreamDestroy(captured);
+  return result_name(r) + ", the capture: " + cudaGetErrorName(end);
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -243,6 +292,21 @@ int main(int argc, char** argv) {
                                ", asking of " + (of_captured ? "the captured stream" : "another stream");
       std::printf("  %-62s %s\n", what.c_str(), answer.c_str());
       rows.add("get_id_during_global_capture: " + what, "\"answer\": \"" + answer + "\"");
+    }
+  }
+  std::printf("\na call on a stream that another thread captures, made in this thread's default mode or relaxed\n");
+  static const char* calls[] = {"cuStreamQuery", "cuEventRecord", "cuStreamIsCapturing", "cuStreamGetId"};
+  static const char* modes[] = {"global", "thread-local", "relaxed"};
+  const cudaStreamCaptureMode mode_of[] = {cudaStreamCaptureModeGlobal, cudaStreamCaptureModeThreadLocal,
+                                           cudaStreamCaptureModeRelaxed};
+  for (int m = 0; m < 3; ++m) {
+    for (const bool relaxed : {false, true}) {
+      for (int c = 0; c < 4; ++c) {
+        const std::string answer = call_during_others_capture(mode_of[m], relaxed, c);
+        const std::string what = std::string(modes[m]) + " capture, " + (relaxed ? "relaxed " : "default ") + calls[c];
+        std::printf("  %-48s %s\n", what.c_str(), answer.c_str());
+        rows.add("call_during_others_capture: " + what, "\"answer\": \"" + answer + "\"");
+      }
     }
   }
   BENCH_CHECK(cudaStreamSynchronize(raw));
