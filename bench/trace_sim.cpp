@@ -152,6 +152,10 @@ void simulate(const std::vector<bench::recorded_op>& ops, std::size_t allocation
     // Each reservation right after the last, as the driver placed them on the H100 (pools
     // whose reservations touch merge free memory across them).
     dev->gap_between_reservations = false;
+    // The pool covers another stream's frees with an event instead of asking whether the stream
+    // is idle, and a request that would grow polls it briefly; on an idle GPU it completes
+    // within the poll.
+    dev->idle_records_complete = true;
     core_options o;
     o.chunk_size = chunk;
     o.own_chunk_for_large = c.own;
@@ -169,6 +173,9 @@ void simulate(const std::vector<bench::recorded_op>& ops, std::size_t allocation
       // GPU; marked, 1.256). With --streams pytorch, only stream 0 is (PyTorch's default
       // stream, the legacy one); the others are raw handles, as PyTorch's side streams are.
       if (i == 0 || !pytorch_streams) keys.back().record->mark_handle_stable();
+      // PyTorch's default stream is the legacy one, whose handle the pool uses only during
+      // calls given it.
+      if (i == 0 && pytorch_streams) keys.back().record->mark_legacy();
     }
     std::vector<std::uint64_t> ptr(allocations);
     // The default pool's snapshot at the peak, when asked (it slows that replay's timing).

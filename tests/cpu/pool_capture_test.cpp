@@ -221,7 +221,9 @@ TEST_CASE("the legacy stream while a blocking stream captures: refused, naming i
 
 namespace {
 void begin_relaxed_capture(void* stream) {
-  cu::cuStreamBeginCapture(static_cast<CUstream>(stream), CU_STREAM_CAPTURE_MODE_RELAXED);
+  // Not the throwing call: on code that invalidated the capture first, beginning it again
+  // would throw inside the driver call the pool is making.
+  (void)cu::cuStreamBeginCapture_nothrow(static_cast<CUstream>(stream), CU_STREAM_CAPTURE_MODE_RELAXED);
 }
 }  // namespace
 
@@ -250,6 +252,78 @@ TEST_CASE("a capture begun on a stream while the pool records its event there: t
   CHECK(y == x);
   CHECK(b.ref().record().ordered_after(a.ref().record().id()) > 0);
   streamalloc_test::fake_hold_stream(handle(a), false);
+  p.deallocate(y, b.ref());
+  b.synchronize();
+  CHECK(p.statistics().live_allocations == 0);
+}
+
+namespace {
+bool stream_queried = false;
+void note_stream_query(void*) { stream_queried = true; }
+}  // namespace
+
+TEST_CASE("another thread's stream is never asked whether it is idle: a capture begun on it then stays whole") {
+  // cuStreamQuery invalidates a capture of the stream it asks about, in every capture mode: the
+  // pool must not ask it of a `stream` that is not the one its call was given, since its owner
+  // may begin capturing it between the pool's question "is it capturing?" and the query.
+  pool p(pool_properties{.max_size = 4 * MiB, .release_threshold = SIZE_MAX, .chunk_size = 2 * MiB});
+  stream a, b;
+  void* x = p.allocate(2 * MiB, a.ref());
+  p.deallocate(x, a.ref());
+  // Whichever call the pool makes on a during b's request, a capture of a begins right then.
+  streamalloc_test::fake_before_next_stream_query(&begin_relaxed_capture, handle(a));
+  streamalloc_test::fake_before_next_event_record(&begin_relaxed_capture, handle(a));
+  void* y = p.allocate(2 * MiB, b.ref());
+  streamalloc_test::fake_before_next_stream_query(nullptr, nullptr);
+  streamalloc_test::fake_before_next_event_record(nullptr, nullptr);
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  REQUIRE(cu::cuStreamIsCapturing_nothrow(handle(a), &status) == CUDA_SUCCESS);
+  CHECK(status == CU_STREAM_CAPTURE_STATUS_ACTIVE);  // the race did happen, and left it whole
+  CHECK(y != x);  // a's free is not known to have run: b gets new memory
+  CUgraph g = nullptr;
+  CHECK(cu::cuStreamEndCapture_nothrow(handle(a), &g) == CUDA_SUCCESS);  // not invalidated
+  if (g != nullptr) cu::cuGraphDestroy(g);
+  a.synchronize();  // now it is
+  void* z = p.allocate(2 * MiB, b.ref());
+  CHECK(z == x);
+  p.deallocate(y, b.ref());
+  p.deallocate(z, b.ref());
+  b.synchronize();
+  CHECK(p.statistics().live_allocations == 0);
+}
+
+namespace {
+// Inside the pool's second cuEventQuery from now: lets stream `arg` run, so the event the pool
+// recorded on it completes while the pool polls it (the first query finds it not done).
+int event_queries_seen = 0;
+void release_on_second_query(void* s) {
+  if (++event_queries_seen < 2) {
+    streamalloc_test::fake_before_next_event_wait(&release_on_second_query, s);
+    return;
+  }
+  streamalloc_test::fake_hold_stream(static_cast<CUstream>(s), false);
+}
+}  // namespace
+
+TEST_CASE("another stream's frees, covered by an event instead of a query: a request polls it before growing") {
+  pool p(pool_properties{.max_size = 4 * MiB, .release_threshold = SIZE_MAX, .chunk_size = 2 * MiB});
+  stream a, b;
+  void* x = p.allocate(2 * MiB, a.ref());
+  streamalloc_test::fake_hold_stream(handle(a), true);  // a's free has not run yet
+  p.deallocate(x, a.ref());
+  const auto grows = p.statistics().grows;
+  stream_queried = false;
+  streamalloc_test::fake_before_next_stream_query(&note_stream_query, nullptr);
+  event_queries_seen = 0;
+  streamalloc_test::fake_before_next_event_wait(&release_on_second_query, handle(a));
+  // b's look records an event on a (not asking whether a is idle); a runs while b's request
+  // polls that event, before it would grow the pool: b gets x.
+  void* y = p.allocate(2 * MiB, b.ref());
+  streamalloc_test::fake_before_next_stream_query(nullptr, nullptr);
+  CHECK_FALSE(stream_queried);
+  CHECK(event_queries_seen >= 2);
+  CHECK(y == x);
+  CHECK(p.statistics().grows == grows);
   p.deallocate(y, b.ref());
   b.synchronize();
   CHECK(p.statistics().live_allocations == 0);

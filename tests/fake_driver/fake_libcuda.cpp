@@ -814,7 +814,13 @@ CUresult fake_cuStreamSynchronize(CUstream s) {
   if (r == CUDA_SUCCESS) let_go(view_of(s).stream_key);  // the host waits: its work runs
   return r;
 }
+// A test's code run inside the next cuStreamQuery, once, before it answers
+// (fake_cuda_before_next_stream_query): what another thread could do meanwhile.
+std::atomic<void (*)(void*)> next_stream_query_hook{nullptr};
+std::atomic<void*> next_stream_query_arg{nullptr};
+
 CUresult fake_cuStreamQuery(CUstream s) {
+  if (auto* hook = next_stream_query_hook.exchange(nullptr)) hook(next_stream_query_arg.load());
   const CUresult r = host_waits_for_stream(s);
   return r == CUDA_SUCCESS && hold_of(view_of(s).stream_key) != 0 ? CUDA_ERROR_NOT_READY : r;
 }
@@ -1564,6 +1570,12 @@ __attribute__((visibility("default"))) void fake_cuda_before_next_event_wait(voi
 __attribute__((visibility("default"))) void fake_cuda_before_next_event_record(void (*hook)(void*), void* arg) {
   next_event_record_arg = arg;
   next_event_record_hook = hook;
+}
+
+/// For the tests: `hook(arg)` runs once, inside the next cuStreamQuery, before it answers.
+__attribute__((visibility("default"))) void fake_cuda_before_next_stream_query(void (*hook)(void*), void* arg) {
+  next_stream_query_arg = arg;
+  next_stream_query_hook = hook;
 }
 
 /// For the tests: holds stream `s` busy (`hold`) or lets it go: while held, cuStreamQuery on it

@@ -134,6 +134,11 @@ inline void fake_before_next_event_record(void (*hook)(void*), void* arg) {
   fake_hook<void (*)(void (*)(void*), void*)>("fake_cuda_before_next_event_record")(hook, arg);
 }
 
+/// Runs `hook(arg)` once, inside the next cuStreamQuery, before it answers.
+inline void fake_before_next_stream_query(void (*hook)(void*), void* arg) {
+  fake_hook<void (*)(void (*)(void*), void*)>("fake_cuda_before_next_stream_query")(hook, arg);
+}
+
 /// Holds stream `s` busy (its work does not run: queries of it and of events recorded on it
 /// say "not ready") or lets it go; a host wait for it lets it go too.
 inline void fake_hold_stream(CUstream s, bool hold) {

@@ -76,6 +76,10 @@ struct sim_device {
   std::uint64_t live_events = 0;
   std::vector<std::pair<void*, void*>> waits;  // (waiter, waited-on stream) inserted by the pool
   std::set<void*> busy;  // streams with work the test has not let run (idle() is false for them)
+  /// An event recorded on an idle stream has completed by the time the pool looks again, even
+  /// within the same request: what a GPU does within the pool's short poll of such events
+  /// (pool_core::poll_fresh_covers). Off: it completes when the test runs the stream.
+  bool idle_records_complete = false;
 
   /// The device has executed everything enqueued on `s` so far.
   void run(void* s) {
@@ -191,8 +195,10 @@ struct sim_backend {
   }
   event record(const streamalloc::detail::stream_key& k) {
     auto& s = dev->streams[k.native];
+    const bool was_idle = s.completed == s.enqueued && !dev->busy.count(k.native);
     const event id = dev->next_event++;
     dev->events[id] = {k.native, ++s.enqueued};
+    if (was_idle && dev->idle_records_complete) s.completed = s.enqueued;
     ++dev->live_events;
     ++dev->event_records;
     return id;

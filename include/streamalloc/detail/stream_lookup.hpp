@@ -177,7 +177,10 @@ inline stream_record& record_of_stream(CUstream s, std::uint64_t id) {
     check(res, "cuCtxGetDevice");
     r.set_context(ctx);
     r.set_device(static_cast<int>(d));
-    if (is_legacy_handle(s)) r.mark_handle_stable();
+    if (is_legacy_handle(s)) {
+      r.mark_handle_stable();
+      r.mark_legacy();
+    }
   }
   return r;
 }

@@ -6,7 +6,8 @@
 // complete. Complete is learned here, per stream, from three sources, cheapest first:
 //   - the stream's record: a host synchronization (or an event the host waited on) marks
 //     everything enqueued before it complete;
-//   - the stream itself: one query of an idle stream completes everything before the question;
+//   - the stream itself, during a call given it: one query of an idle stream completes
+//     everything before the question;
 //   - events the pool records on the stream, one per look covering the frees made since the
 //     last one, polled until the device passes them.
 //
@@ -62,16 +63,31 @@ class completion_tracker {
   /// any), and about the pool's events on it, recording one that covers frees not yet covered.
   void settle(state& st, bool query_events, const stream_key& caller, std::vector<block*>& ready) {
     void* const native = query_events ? handle_now(st, caller) : nullptr;
-    if (native != nullptr && st.has_frees() && st.newest_stamp > st.record->completed()) {
-      // An idle stream has executed everything enqueued before the question, frees included:
-      // the cheapest proof there is (one query), and complete, where an event only covers the
-      // frees made before it was recorded.
+    // An idle stream has executed everything enqueued before the question, frees included: the
+    // cheapest proof there is (one query), and complete, where an event only covers the frees
+    // made before it was recorded. But only of the stream this call was given: the query
+    // invalidates a capture of the stream in every capture mode, the asking thread's relaxed
+    // one included (bench_stream_lookup, H200), and another thread may begin one on its own
+    // `stream` between handle_now's question and the query. An event recorded there instead
+    // (cover, below) leaves such a capture whole, and covers nothing (lost_to_capture); a
+    // request that would otherwise grow the pool polls it briefly (pool_sources.hpp).
+    // The legacy default stream is asked from any call. It cannot be captured, but a query
+    // (or an event record) on it invalidates a capture of a blocking stream that another
+    // thread begins in the window after handle_now's question (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT),
+    // and no other call can learn its frees: used only in its own calls, the MoE trace as
+    // PyTorch runs it (legacy main stream, raw side stream) held 1.506 of its peak instead of
+    // 1.031 on the CPU model. That race stays (docs/graphs.md).
+    const bool may_ask = caller.record == st.record.get() || st.record->legacy();
+    if (native != nullptr && may_ask && st.has_frees() && st.newest_stamp > st.record->completed()) {
       const std::uint64_t point = st.record->begin_synchronize();
       if (backend_.idle({st.record.get(), native})) ordering().complete_stream_quietly(*st.record, point);
     }
     if (query_events) {
       // One event per stream per look, not one per free.
-      if (native != nullptr) cover(st, {st.record.get(), native});
+      if (native != nullptr && cover(st, {st.record.get(), native}) && !may_ask) {
+        st.covered_in_look = look_;
+        ++covered_unasked_;
+      }
       reap(st);
     }
     const std::uint64_t done = st.record->completed();
@@ -91,17 +107,29 @@ class completion_tracker {
   /// its pending frees not yet covered by one. For a stream whose handle the pool may not use
   /// later (raw, per-thread) this is the only way other streams ever learn that those frees ran
   /// without a host synchronization.
-  void cover(state& st, const stream_key& s) {
+  /// True when it recorded one.
+  bool cover(state& st, const stream_key& s) {
     if (s.native == nullptr || !st.has_frees() || st.newest_stamp <= st.last_event_epoch ||
         st.newest_stamp <= st.record->completed()) {
-      return;
+      return false;
     }
-    record_on(st, s);
+    return record_on(st, s);
   }
 
+  /// Starts a request's look at the other streams: the streams whose frees it covers with an
+  /// event without asking whether they are idle are marked with this look, and counted.
+  std::uint64_t begin_look() noexcept {
+    covered_unasked_ = 0;
+    return ++look_;
+  }
+  [[nodiscard]] std::uint64_t current_look() const noexcept { return look_; }
+  /// How many streams the current look covered without asking (see begin_look).
+  [[nodiscard]] std::uint64_t covered_unasked() const noexcept { return covered_unasked_; }
+
   /// Records an event on `s` (the stream of the call in progress, whose state is `st`, known
-  /// not capturing) covering every free made on it so far, cached ones included.
-  void record_on(state& st, const stream_key& s) {
+  /// not capturing) covering every free made on it so far, cached ones included. False when
+  /// the record went into a capture begun meanwhile (it covers nothing).
+  bool record_on(state& st, const stream_key& s) {
     // A stream that only ever takes its fast path is never settled: its completed events are
     // given back here, or they would pile up (each a new CUevent).
     reap(st);
@@ -110,7 +138,7 @@ class completion_tracker {
     // Another thread may have begun capturing the stream since it was found not capturing (a
     // `stream` whose handle the pool keeps is used by its owner's thread too): the record may
     // then have gone into that capture, marking no point of the stream's work. It covers nothing.
-    if (backend_.lost_to_capture(s, ev)) [[unlikely]] return;
+    if (backend_.lost_to_capture(s, ev)) [[unlikely]] return false;
     try {
       st.events.push_back({ev, point.epoch});
     } catch (...) {  // out of host memory: the event is not kept, so it must not outlive this
@@ -119,6 +147,7 @@ class completion_tracker {
     }
     st.last_event_epoch = std::max(st.last_event_epoch, point.epoch);
     st.uncovered_bytes.store(0, std::memory_order_relaxed);
+    return true;
   }
 
   /// The events at the front of `st`'s list that have completed: what they cover is marked
@@ -165,6 +194,8 @@ class completion_tracker {
 
  private:
   Backend& backend_;
+  std::uint64_t look_ = 0;              // the current look (begin_look)
+  std::uint64_t covered_unasked_ = 0;   // streams it covered without asking
 };
 
 }  // namespace streamalloc::detail

@@ -192,6 +192,11 @@ class alignas(128) stream_record {
     return handle_stable_.load(std::memory_order_acquire) && !retired();
   }
 
+  /// The legacy default stream. It cannot be captured, so a pool asks it whether it is idle
+  /// from any call (completion.hpp), where another `stream` is asked only during its own calls.
+  void mark_legacy() noexcept { legacy_.store(true, std::memory_order_release); }
+  [[nodiscard]] bool legacy() const noexcept { return legacy_.load(std::memory_order_acquire); }
+
   /// The stream was destroyed through streamalloc: its handle must not be used any more.
   void mark_retired() noexcept { retired_.store(true, std::memory_order_release); }
   [[nodiscard]] bool retired() const noexcept { return retired_.load(std::memory_order_acquire); }
@@ -301,6 +306,7 @@ class alignas(128) stream_record {
   std::atomic<std::uint64_t> completed_{0};
   std::atomic<bool> retired_{false};
   std::atomic<bool> handle_stable_{false};
+  std::atomic<bool> legacy_{false};
   std::atomic<std::uint32_t> hint_seq_{0};  // odd while a writer changes the slot
   std::atomic<std::uint64_t> hint_owner_{0};
   std::atomic<void*> hint_{nullptr};

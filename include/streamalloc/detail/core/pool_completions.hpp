@@ -33,7 +33,9 @@ template <pool_backend Backend>
 void pool_core<Backend>::trim_to(std::uint64_t keep) {
   const capture_guard relaxed(backend_);
   std::lock_guard lock(mutex_);
+  completion_.begin_look();
   settle_all(/*query_events=*/true, stream_key{});
+  poll_fresh_covers(nullptr, [] { return false; });  // idle streams' frees, covered just now
   release_free_chunks(keep);
 }
 

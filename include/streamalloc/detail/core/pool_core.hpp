@@ -55,6 +55,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <deque>
@@ -415,6 +416,12 @@ class pool_core final : public completion_listener {
   /// A room_to_grow allocation is placed in the middle of free addresses this many times its
   /// size, reserved for it if need be: half of them are its room to grow in place.
   static constexpr std::uint64_t room_spread = 16;
+  /// How long a request that would grow polls the events its look recorded on other streams
+  /// that it could not ask whether they were idle (poll_fresh_covers): no longer than the one
+  /// handle's growth it may spare costs (some 50 us: create, map, access). An idle stream's
+  /// event completes well within it (bench_vmm_costs); a busy stream's costs it once per
+  /// batch of frees, since a look records no new event on a stream whose frees one covers.
+  static constexpr std::chrono::microseconds fresh_cover_poll{50};
 
   using state = typename stream_table<event>::state;
   /// While alive, this thread's driver calls are not refused for another thread's capture.
@@ -495,6 +502,10 @@ class pool_core final : public completion_listener {
   /// The smallest run of adjacent free blocks in different bins that `st` may use and that
   /// holds `n` bytes, merged into `st`'s pending bins; null when there is none.
   block* join_adjacent(std::uint64_t n, state& st);
+  /// Polls, briefly, the events the current look recorded on other streams instead of asking
+  /// whether they were idle, settling those that complete, until `enough()` (pool_sources.hpp).
+  template <class Enough>
+  void poll_fresh_covers(const state* skip, Enough&& enough);
 
   /// Takes `n` bytes from the front of free block `b` (split if larger), removing it from its
   /// bins. The remainder stays where `b` was, with its tag.

@@ -9,6 +9,7 @@
 #include <streamalloc/detail/core/pool_core.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 
 namespace streamalloc::detail {
@@ -23,10 +24,12 @@ block* pool_core<Backend>::find_memory(std::uint64_t n, state& st, stream_key s,
     // Others' cached frees, and whatever completed since we last looked.
     // Including this stream's own pending frees: once known complete they may be remapped.
     streams_.for_each([&](state& other) { flush_cache(other); });
+    completion_.begin_look();
     settle_all(options_.reuse.opportunistic, s);
     b = find_usable(n, st);
   }
   if (b == nullptr) b = join_adjacent(n, st);
+  if (b == nullptr) poll_fresh_covers(&st, [&] { return (b = find_usable(n, st)) != nullptr; });
   if (b == nullptr) b = defragment(n, st);
   if (b == nullptr) b = defragment_and_grow(n, st);
   if (b == nullptr) b = grow(n, st, where);
@@ -42,6 +45,38 @@ block* pool_core<Backend>::find_memory(std::uint64_t n, state& st, stream_key s,
     throw e;
   }
   return b;
+}
+
+/// Another thread's `stream` is not asked whether it is idle (that would invalidate a capture
+/// begun on it meanwhile: completion.hpp); its frees are covered by an event instead, which an
+/// idle stream passes a few microseconds later. Where the alternative costs more (growing the
+/// pool or moving chunks, some 50 us a handle; failing to grow in place; trimming less), poll
+/// those events for at most `fresh_cover_poll`, settling each that completes, until `enough()`
+/// says so: an idle stream's memory is then there as its idle answer made it. A busy stream
+/// costs the caller that much more. Streams other than `skip` covered in the current look only.
+template <pool_backend Backend>
+template <class Enough>
+void pool_core<Backend>::poll_fresh_covers(const state* skip, Enough&& enough) {
+  if (completion_.covered_unasked() == 0) return;
+  const std::uint64_t look = completion_.current_look();
+  const auto until = std::chrono::steady_clock::now() + fresh_cover_poll;
+  for (;;) {
+    bool settled = false, waiting = false;
+    streams_.for_each([&](state& other) {
+      if (&other == skip || other.covered_in_look != look) return;
+      const std::uint64_t before = other.record->completed();
+      completion_.reap(other);
+      if (other.record->completed() > before) {
+        settle(other, /*query_events=*/false, stream_key{});
+        settled = true;
+      }
+      // Until its newest event (the one this look recorded) has passed.
+      if (!other.events.empty()) waiting = true;
+    });
+    // `enough` may call the driver (growth in place): only when something new is free.
+    if (settled && enough()) return;
+    if (!waiting || std::chrono::steady_clock::now() >= until) return;
+  }
 }
 
 /// Best fit among the blocks `st` may use: clear ones, its own, and others' it is ordered

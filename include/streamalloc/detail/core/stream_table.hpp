@@ -50,6 +50,7 @@ struct alignas(128) stream_state {
     pending_floor = 0;
     held_frees = 0;
     aliases = 0;
+    covered_in_look = 0;
     uncovered_bytes.store(0, std::memory_order_relaxed);
     live_bytes.store(0, std::memory_order_relaxed);
     live_count.store(0, std::memory_order_relaxed);
@@ -77,6 +78,9 @@ struct alignas(128) stream_state {
   /// Chunks moved elsewhere while frees on this stream still cover their old addresses, which
   /// stay mapped until those frees are known complete (pool_remap.hpp). Under the pool lock.
   std::uint32_t aliases = 0;
+  /// The look (completion_tracker::begin_look) that last covered this stream's frees with an
+  /// event instead of asking whether the stream was idle. Under the pool lock.
+  std::uint64_t covered_in_look = 0;
   /// Frees on this stream not yet known complete, or whose completion is still to be learned.
   [[nodiscard]] bool has_frees() const noexcept { return !pending.empty() || held_frees != 0 || aliases != 0; }
   /// Bytes freed on this stream since the pool last recorded an event on it: for a stream
