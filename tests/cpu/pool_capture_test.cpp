@@ -329,6 +329,26 @@ TEST_CASE("another stream's frees, covered by an event instead of a query: a req
   CHECK(p.statistics().live_allocations == 0);
 }
 
+TEST_CASE("trim_to polls the event it records on another thread's stream, and releases what completes") {
+  pool p(pool_properties{.release_threshold = SIZE_MAX, .chunk_size = 2 * MiB});
+  stream a;
+  void* x = p.allocate(2 * MiB, a.ref());
+  streamalloc_test::fake_hold_stream(handle(a), true);  // a's free has not run yet
+  p.deallocate(x, a.ref());
+  CHECK(p.statistics().reserved_current == 2 * MiB);
+  stream_queried = false;
+  streamalloc_test::fake_before_next_stream_query(&note_stream_query, nullptr);
+  event_queries_seen = 0;
+  streamalloc_test::fake_before_next_event_wait(&release_on_second_query, handle(a));
+  // The host's trim is no call on a: a is covered by an event, which a passes while the trim
+  // polls it; x's chunk is then free, known complete, and goes back.
+  p.trim_to(0);
+  streamalloc_test::fake_before_next_stream_query(nullptr, nullptr);
+  CHECK_FALSE(stream_queried);
+  CHECK(event_queries_seen >= 2);
+  CHECK(p.statistics().reserved_current == 0);
+}
+
 TEST_CASE("an invalidated capture and a closed pool") {
   stream s;
   {
