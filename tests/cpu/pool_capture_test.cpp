@@ -349,6 +349,29 @@ TEST_CASE("trim_to polls the event it records on another thread's stream, and re
   CHECK(p.statistics().reserved_current == 0);
 }
 
+TEST_CASE("grow_in_place polls the event it records on the stream that freed the memory after the buffer") {
+  pool p(pool_properties{.max_size = 4 * MiB, .release_threshold = SIZE_MAX, .chunk_size = 4 * MiB});
+  stream a, b;
+  void* y = p.allocate(MiB, b.ref());
+  void* x = p.allocate(MiB, a.ref());
+  REQUIRE(x == static_cast<char*>(y) + MiB);  // x lies right after y
+  streamalloc_test::fake_hold_stream(handle(a), true);  // a's free has not run yet
+  p.deallocate(x, a.ref());
+  stream_queried = false;
+  streamalloc_test::fake_before_next_stream_query(&note_stream_query, nullptr);
+  event_queries_seen = 0;
+  streamalloc_test::fake_before_next_event_wait(&release_on_second_query, handle(a));
+  // y grows over x only once a's free is known to have run: learned from the event the call
+  // records on a and polls, not from asking a whether it is idle.
+  CHECK(p.grow_in_place(y, 3 * MiB, b.ref()) >= 3 * MiB);
+  streamalloc_test::fake_before_next_stream_query(nullptr, nullptr);
+  CHECK_FALSE(stream_queried);
+  CHECK(event_queries_seen >= 2);
+  p.deallocate(y, b.ref());
+  b.synchronize();
+  CHECK(p.statistics().live_allocations == 0);
+}
+
 TEST_CASE("an invalidated capture and a closed pool") {
   stream s;
   {
