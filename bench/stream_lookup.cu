@@ -89,6 +89,31 @@ std::string result_name(CUresult r) {
   return "CUresult " + std::to_string(static_cast<int>(r));
 }
 
+/// Captures `captured` in `mode` on another thread and runs `call()` on this one while that
+/// capture is active; returns how the capture ended.
+template <class Call>
+cudaError_t during_capture_on_another_thread(cudaStream_t captured, cudaStreamCaptureMode mode, Call&& call) {
+  cudaError_t end = cudaSuccess;
+  std::atomic<int> phase{0};
+  std::thread capturer([&] {
+    BENCH_CHECK(cudaSetDevice(0));
+    BENCH_CHECK(cudaStreamBeginCapture(captured, mode));
+    phase = 1;
+    while (phase.load() != 2) {
+    }
+    cudaGraph_t g = nullptr;
+    end = cudaStreamEndCapture(captured, &g);
+    if (g != nullptr) cudaGraphDestroy(g);
+  });
+  while (phase.load() != 1) {
+  }
+  call();
+  phase = 2;
+  capturer.join();
+  (void)cudaGetLastError();
+  return end;
+}
+
 /// A capture in global mode, begun by this thread or another, and a cuStreamGetId made meanwhile
 /// by this thread without leaving global mode, on the captured stream or on another one. Says
 /// what the call and the capture's end returned. (If such calls were refused, they would also
@@ -101,32 +126,17 @@ std::string get_id_during_global_capture(bool same_thread, bool of_captured_stre
   CUresult get_id = CUDA_SUCCESS;
   cudaError_t end = cudaSuccess;
   unsigned long long id = 0;
-  auto finish = [&] {
-    cudaGraph_t g = nullptr;
-    end = cudaStreamEndCapture(captured, &g);
-    if (g != nullptr) cudaGraphDestroy(g);
-  };
   if (same_thread) {
     BENCH_CHECK(cudaStreamBeginCapture(captured, cudaStreamCaptureModeGlobal));
     get_id = cu::cuStreamGetId_nothrow(asked, &id);
-    finish();
+    cudaGraph_t g = nullptr;
+    end = cudaStreamEndCapture(captured, &g);
+    if (g != nullptr) cudaGraphDestroy(g);
+    (void)cudaGetLastError();
   } else {
-    std::atomic<int> phase{0};
-    std::thread capturer([&] {
-      BENCH_CHECK(cudaSetDevice(0));
-      BENCH_CHECK(cudaStreamBeginCapture(captured, cudaStreamCaptureModeGlobal));
-      phase = 1;
-      while (phase.load() != 2) {
-      }
-      finish();
-    });
-    while (phase.load() != 1) {
-    }
-    get_id = cu::cuStreamGetId_nothrow(asked, &id);
-    phase = 2;
-    capturer.join();
+    end = during_capture_on_another_thread(captured, cudaStreamCaptureModeGlobal,
+                                           [&] { get_id = cu::cuStreamGetId_nothrow(asked, &id); });
   }
-  (void)cudaGetLastError();
   cudaStreamDestroy(captured);
   cudaStreamDestroy(mine);
   return "cuStreamGetId: " + result_name(get_id) + ", the capture: " + cudaGetErrorName(end);
@@ -143,38 +153,23 @@ std::string call_during_others_capture(cudaStreamCaptureMode mode, bool relaxed,
   cudaEvent_t ev;
   BENCH_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
   CUresult r = CUDA_SUCCESS;
-  cudaError_t end = cudaSuccess;
-  std::atomic<int> phase{0};
-  std::thread capturer([&] {
-    BENCH_CHECK(cudaSetDevice(0));
-    BENCH_CHECK(cudaStreamBeginCapture(captured, mode));
-    phase = 1;
-    while (phase.load() != 2) {
+  const cudaError_t end = during_capture_on_another_thread(captured, mode, [&] {
+    CUstreamCaptureMode m = CU_STREAM_CAPTURE_MODE_RELAXED;
+    if (relaxed) (void)cu::cuThreadExchangeStreamCaptureMode_nothrow(&m);
+    const auto s = static_cast<CUstream>(captured);
+    if (call == 0) {
+      r = cu::cuStreamQuery_nothrow(s);
+    } else if (call == 1) {
+      r = cu::cuEventRecord_nothrow(static_cast<CUevent>(ev), s);
+    } else if (call == 2) {
+      CUstreamCaptureStatus st;
+      r = cu::cuStreamIsCapturing_nothrow(s, &st);
+    } else {
+      unsigned long long id = 0;
+      r = cu::cuStreamGetId_nothrow(s, &id);
     }
-    cudaGraph_t g = nullptr;
-    end = cudaStreamEndCapture(captured, &g);
-    if (g != nullptr) cudaGraphDestroy(g);
+    if (relaxed) (void)cu::cuThreadExchangeStreamCaptureMode_nothrow(&m);
   });
-  while (phase.load() != 1) {
-  }
-  CUstreamCaptureMode m = CU_STREAM_CAPTURE_MODE_RELAXED;
-  if (relaxed) (void)cu::cuThreadExchangeStreamCaptureMode_nothrow(&m);
-  const auto s = static_cast<CUstream>(captured);
-  if (call == 0) {
-    r = cu::cuStreamQuery_nothrow(s);
-  } else if (call == 1) {
-    r = cu::cuEventRecord_nothrow(static_cast<CUevent>(ev), s);
-  } else if (call == 2) {
-    CUstreamCaptureStatus st;
-    r = cu::cuStreamIsCapturing_nothrow(s, &st);
-  } else {
-    unsigned long long id = 0;
-    r = cu::cuStreamGetId_nothrow(s, &id);
-  }
-  if (relaxed) (void)cu::cuThreadExchangeStreamCaptureMode_nothrow(&m);
-  phase = 2;
-  capturer.join();
-  (void)cudaGetLastError();
   cudaEventDestroy(ev);
   cudaStreamDestroy(captured);
   return result_name(r) + ", the capture: " + cudaGetErrorName(end);
