@@ -34,9 +34,7 @@ void pool_core<Backend>::trim_to(std::uint64_t keep) {
   const capture_guard relaxed(backend_);
   std::lock_guard lock(mutex_);
   // Frees still in the streams' caches first: known complete, their chunks may go too.
-  streams_.for_each([&](state& st) { flush_cache(st); });
-  completion_.begin_look();
-  settle_all(/*query_events=*/true, stream_key{});
+  settle_everything(/*query_events=*/true, stream_key{});
   poll_fresh_covers(nullptr, [] { return false; });  // idle streams' frees, covered just now
   release_free_chunks(keep);
 }

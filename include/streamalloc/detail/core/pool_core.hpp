@@ -21,16 +21,22 @@
 //   completion.hpp     how frees are learned complete (and the rules for stream handles)
 //   chunk_space.hpp    address reservations and the physical chunks mapped into them
 //   graph_segments.hpp what graphs made by stream capture hold (policy in pool_graphs.hpp)
-// The policy is split by section: pool_free_blocks.hpp (cache, pending and clear bins: how a
-// freed block gets back), pool_sources.hpp (where a request is served from),
-// pool_growth.hpp (growth and release), pool_remap.hpp (defragmentation: moving whole free
-// chunks, aliases of a stream's own frees), pool_graphs.hpp (stream capture),
-// pool_graph_memory.hpp (graphs' own memory, and pages shared by graphs of one stream).
-// What the core takes and gives (options, snapshot, out-of-memory): pool_core_types.hpp.
 //   pool_backend.hpp   what the core needs from below: physical memory, addresses, events
-// This file is the policy over them: allocate and free, where a request is served from
-// (best fit, joining adjacent free blocks, remapping whole free chunks, growing, waiting on
-// another stream's frees), and when memory goes back to the device.
+//   pool_core_types.hpp what the core takes and gives (options, snapshot, out-of-memory)
+// The policy is split by section, each defining members of this class:
+//   pool_requests.hpp      allocate and deallocate: the fast path through a stream's cache,
+//                          and the entry of the slow path
+//   pool_free_blocks.hpp   cache, pending and clear bins: how a freed block gets back
+//   pool_sources.hpp       where a request is served from
+//   pool_completions.hpp   what the pool learns of completed work: retire, synchronize, trim
+//   pool_growth.hpp        growth, growth in place, release
+//   pool_remap.hpp         defragmentation: moving whole free chunks, aliases of a stream's
+//                          own frees
+//   pool_graphs.hpp        stream capture
+//   pool_graph_memory.hpp  graphs' own memory, and pages shared by graphs of one stream
+//   pool_exports.hpp       allocations other processes import
+//   pool_snapshot.hpp, pool_queries.hpp  what the pool holds, and its words for refusals
+// This file is the class: its state, and each section's members declared, with what they do.
 
 #include <streamalloc/detail/core/address_index.hpp>
 #include <streamalloc/detail/core/address_ranges.hpp>
@@ -168,88 +174,11 @@ class pool_core final : public completion_listener {
   /// Rounds `bytes` to the pool's quantum (256) and returns a block's address, ordered on `s`.
   /// Throws core_out_of_memory when nothing can be found.
   /// `where`: the addresses of a request that gets a chunk of its own (see `placement`).
-  std::uint64_t allocate(std::uint64_t bytes, stream_key s, placement where = placement::packed) {
-    const std::uint64_t n = round_up(bytes == 0 ? 1 : bytes, free_bins::quantum);
-    state& st = streams_.state_for(s, mutex_);
-    st.lock.lock();
-    // A block freed on this stream, of n's own bin or the next (at most 1/16 larger).
-    block* b = st.cache.find(n, [](block*) { return true; }, free_bins::bin_of(n) + 1, 8);
-    if (b == nullptr) {
-      st.lock.unlock();
-      return allocate_slow(n, st, s, where);
-    }
-    st.cache.remove(b);
-    st.cache_bytes -= b->size;
-    set_state(b, block_state::live);
-    streams_.account_allocate(st, b->size);
-    st.lock.unlock();
-    if (history_.ever_on()) [[unlikely]] note_allocation(b, st);
-    try {
-      live_.insert(b->addr, b);
-    } catch (...) {  // out of host memory: back to the cache it came from
-      if (history_.on()) [[unlikely]] history_.note(history_op::free, st.record->id(), b->addr, b->size);
-      std::lock_guard lock(st.lock);
-      streams_.account_free(st, b->size);
-      set_state(b, block_state::cached);
-      st.cache.insert(b);
-      st.cache_bytes += b->size;
-      throw;
-    }
-    return b->addr;
-  }
+  std::uint64_t allocate(std::uint64_t bytes, stream_key s, placement where = placement::packed);
 
   /// Ends the lifetime of the block at `p` in the order of stream `s`.
   /// Throws std::invalid_argument, changing nothing, for a pointer that is not a live block.
-  void deallocate(std::uint64_t p, stream_key s) {
-    // The stream's state first: making it (the first free on a new stream) may fail for lack of
-    // host memory, and must then leave the block live, as a refused free does.
-    state& st = streams_.state_for(s, mutex_);
-    if (exported_.load(std::memory_order_acquire)) [[unlikely]] return deallocate_exported(p, st);
-    block* b = live_.erase(p);
-    if (b == nullptr) [[unlikely]] {
-      if (free_graph_block(p, st)) return;
-      throw std::invalid_argument(explain_bad_free(p));
-    }
-    const std::uint64_t stamp = st.record->stamp();
-    const std::uint64_t size = b->size;
-    if (history_.on()) [[unlikely]] history_.note(history_op::free, st.record->id(), p, size);
-    b->stream = st.record->id();
-    b->stamp = stamp;
-    bool cached = false;
-    {
-      std::lock_guard lock(st.lock);
-      streams_.account_free(st, size);
-      if (st.cache.count() < max_cached_blocks && st.cache_bytes + size <= cache_limit()) {
-        set_state(b, block_state::cached);
-        st.cache.insert(b);
-        st.cache_bytes += size;
-        cached = true;
-      }
-    }
-    if (!cached) {
-      std::lock_guard lock(mutex_);
-      free_pending(b, st);
-    }
-    // A raw or per-thread stream may be destroyed right after this call without the pool
-    // hearing of it, and its handle given to another stream: only an event recorded now, while
-    // the handle is in hand, can ever prove these frees complete short of a device-wide
-    // synchronization. One event per stream_table::cover_limit() bytes freed bounds what a
-    // destroyed stream leaves waiting (a `stream`'s last event is recorded as it is destroyed).
-    if (s.native != nullptr && !st.record->handle_stable()) {
-      if (st.uncovered_bytes.fetch_add(size, std::memory_order_relaxed) + size > streams_.cover_limit()) {
-        // The free is made: an error now (out of host memory, or the driver refusing the event)
-        // would tell the caller it was not, and a retry would be a double free. Without the
-        // event the bytes stay uncovered, and the next free tries again; a stream destroyed
-        // meanwhile leaves them to a device-wide synchronization.
-        try {
-          const capture_guard relaxed(backend_);
-          std::lock_guard lock(mutex_);
-          completion_.record_on(st, s);
-        } catch (...) {
-        }
-      }
-    }
-  }
+  void deallocate(std::uint64_t p, stream_key s);
 
   /// Makes the live allocation at `p` at least `bytes` long without moving it, in the order
   /// of stream `s`: takes the free memory right after it that `s` may use, and maps new
@@ -466,30 +395,8 @@ class pool_core final : public completion_listener {
 
   // --- the slow path -------------------------------------------------------------------------
 
-  std::uint64_t allocate_slow(std::uint64_t n, state& st, stream_key s, placement where) {
-    const capture_guard relaxed(backend_);
-    std::unique_lock lock(mutex_);
-    if (streams_.has_retiring()) recycle_retired();
-    flush_cache(st);
-    if (!st.record->handle_stable()) completion_.cover(st, s);  // at most one event per slow call
-    block* b = find_memory(n, st, s, where, options_.reuse.internal_dependencies);
-    live_.prefetch(b->addr);
-    take(b, n);
-    set_state(b, block_state::live);
-    streams_.account_allocate(st, b->size);
-    if (history_.ever_on()) [[unlikely]] note_allocation(b, st);
-    try {
-      live_.insert(b->addr, b);
-    } catch (...) {  // out of host memory: freed on `st` again, though nothing used it
-      if (history_.on()) [[unlikely]] history_.note(history_op::free, st.record->id(), b->addr, b->size);
-      streams_.account_free(st, b->size);
-      b->stream = st.record->id();
-      b->stamp = st.record->stamp();
-      free_pending(b, st);
-      throw;
-    }
-    return b->addr;
-  }
+  /// A request the stream's cache could not serve, under the pool lock (pool_requests.hpp).
+  std::uint64_t allocate_slow(std::uint64_t n, state& st, stream_key s, placement where);
 
   // --- where a request is served from (defined in pool_sources.hpp) --------------------------
 
@@ -549,6 +456,10 @@ class pool_core final : public completion_listener {
   void make_clear(block* b);
 
   void settle_all(bool query_events, const stream_key& caller);
+  /// Every stream's cached frees into its pending bins, then every stream settled, in a new
+  /// look (completion_tracker::begin_look): what a request that found nothing, a failed growth
+  /// in place and a trim learn before they poll the look's fresh events (poll_fresh_covers).
+  void settle_everything(bool query_events, const stream_key& caller);
 
   /// The segment of `capture`, made and tied to its graph by `tie()` if it has none yet (if
   /// `tie` throws, no segment is left). Under the pool lock.
@@ -648,19 +559,7 @@ class pool_core final : public completion_listener {
 
   /// Internal dependencies: make `s` wait for another stream's frees, so their blocks become
   /// usable. Tries streams in turn; each costs an event record and a stream wait.
-  block* wait_for_pending(std::uint64_t n, state& st, stream_key s) {
-    block* found = nullptr;
-    streams_.any_of([&](state& other) {
-      if (&other == &st || other.pending.empty() || other.pending.largest() < n) return false;
-      const std::uint64_t limit = completion_.latest_cover(other);
-      if (limit == 0) return false;
-      found = other.pending.find(n, [limit](block* x) { return x->stamp <= limit; });
-      if (found == nullptr) return false;
-      completion_.wait_for_latest(st, s, other, limit);
-      return true;
-    });
-    return found;
-  }
+  block* wait_for_pending(std::uint64_t n, state& st, stream_key s);  // pool_sources.hpp
 
   /// The pool's state in words, for out_of_memory (pool_queries.hpp).
   std::string describe_state();
@@ -693,6 +592,7 @@ class pool_core final : public completion_listener {
 
 }  // namespace streamalloc::detail
 
+#include <streamalloc/detail/core/pool_requests.hpp>  // allocate and deallocate: the fast path
 #include <streamalloc/detail/core/pool_free_blocks.hpp>  // how freed blocks reach the bins
 #include <streamalloc/detail/core/pool_sources.hpp>  // the definitions of the sources section
 #include <streamalloc/detail/core/pool_completions.hpp>  // completed work: retire, synchronize, trim

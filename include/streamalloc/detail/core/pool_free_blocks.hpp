@@ -136,4 +136,11 @@ void pool_core<Backend>::settle_all(bool query_events, const stream_key& caller)
   if (streams_.has_retiring()) recycle_retired();
 }
 
+template <pool_backend Backend>
+void pool_core<Backend>::settle_everything(bool query_events, const stream_key& caller) {
+  streams_.for_each([&](state& st) { flush_cache(st); });
+  completion_.begin_look();
+  settle_all(query_events, caller);
+}
+
 }  // namespace streamalloc::detail

@@ -179,9 +179,7 @@ std::uint64_t pool_core<Backend>::grow_in_place(std::uint64_t p, std::uint64_t b
   bool extended = extend(b, n, st);
   if (!extended) {
     // Other streams' cached frees, and whatever completed since the pool last looked.
-    streams_.for_each([&](state& other) { flush_cache(other); });
-    completion_.begin_look();
-    settle_all(options_.reuse.opportunistic, s);
+    settle_everything(options_.reuse.opportunistic, s);
     extended = extend(b, n, st);
     if (!extended) poll_fresh_covers(&st, [&] { return extended = extend(b, n, st); });
   }

@@ -23,9 +23,7 @@ block* pool_core<Backend>::find_memory(std::uint64_t n, state& st, stream_key s,
   if (b == nullptr) {
     // Others' cached frees, and whatever completed since we last looked.
     // Including this stream's own pending frees: once known complete they may be remapped.
-    streams_.for_each([&](state& other) { flush_cache(other); });
-    completion_.begin_look();
-    settle_all(options_.reuse.opportunistic, s);
+    settle_everything(options_.reuse.opportunistic, s);
     b = find_usable(n, st);
   }
   if (b == nullptr) b = join_adjacent(n, st);
@@ -45,6 +43,23 @@ block* pool_core<Backend>::find_memory(std::uint64_t n, state& st, stream_key s,
     throw e;
   }
   return b;
+}
+
+/// Internal dependencies: `s` waits for another stream's frees, so their blocks become usable.
+/// Tries streams in turn; each costs an event record and a stream wait.
+template <pool_backend Backend>
+block* pool_core<Backend>::wait_for_pending(std::uint64_t n, state& st, stream_key s) {
+  block* found = nullptr;
+  streams_.any_of([&](state& other) {
+    if (&other == &st || other.pending.empty() || other.pending.largest() < n) return false;
+    const std::uint64_t limit = completion_.latest_cover(other);
+    if (limit == 0) return false;
+    found = other.pending.find(n, [limit](block* x) { return x->stamp <= limit; });
+    if (found == nullptr) return false;
+    completion_.wait_for_latest(st, s, other, limit);
+    return true;
+  });
+  return found;
 }
 
 /// Another thread's `stream` is not asked whether it is idle (that would invalidate a capture
