@@ -999,6 +999,34 @@ TEST_CASE("releasing: trim and the release threshold give back whole free chunks
   for (int i = 1; i < 8; i += 2) CHECK(f.dev->is_mapped(p[i], 2 * MiB));
 }
 
+TEST_CASE("trim: a busy stream's cached free beside clear chunks does not keep them from release") {
+  fixture f(movable_chunks());
+  auto s = make_stream();
+  // Eight chunks freed and known complete (clear), then a small live block and the rest of
+  // the ninth chunk, still in use.
+  std::vector<std::uint64_t> p;
+  for (int i = 0; i < 8; ++i) p.push_back(f.pool->allocate(2 * MiB, s.key()));
+  const auto small = f.pool->allocate(4096, s.key());
+  const auto rest = f.pool->allocate(2 * MiB - 4096, s.key());
+  REQUIRE(small == p[7] + 2 * MiB);
+  for (auto x : p) f.pool->deallocate(x, s.key());
+  host_sync(*f.dev, s);
+  REQUIRE(f.pool->statistics().reserved_current == 18 * MiB);
+  // A kernel on s still uses `small` when it is freed: the free sits in s's cache, right after
+  // the clear chunks. The trim flushes it; absorbing the clear chunks into that pending free
+  // would keep all 16 MiB until an event on s had run.
+  f.dev->busy.insert(s.native);
+  f.pool->deallocate(small, s.key());
+  f.pool->trim_to(0);
+  CHECK(f.pool->statistics().reserved_current == 2 * MiB);
+  CHECK(f.dev->is_mapped(small, 2 * MiB));  // the chunk of the running free stays
+  // And once the free has run, its chunk goes too.
+  f.pool->deallocate(rest, s.key());
+  host_sync(*f.dev, s);
+  f.pool->trim_to(0);
+  CHECK(f.pool->statistics().reserved_current == 0);
+}
+
 TEST_CASE("statistics follow what was allocated; high-water marks reset") {
   core_options o;
   o.chunk_size = 2 * MiB;

@@ -19,7 +19,7 @@ bool pool_core<Backend>::frees_in_flight() {
   std::lock_guard lock(mutex_);
   bool in_flight = false;
   streams_.for_each([&](state& st) {
-    flush_cache(st);
+    flush_cache(st, clear_neighbours::leave);
     settle(st, /*query_events=*/true, stream_key{});
     in_flight = in_flight || st.has_frees();
   });
@@ -34,7 +34,9 @@ void pool_core<Backend>::trim_to(std::uint64_t keep) {
   const capture_guard relaxed(backend_);
   std::lock_guard lock(mutex_);
   // Frees still in the streams' caches first: known complete, their chunks may go too.
-  settle_everything(/*query_events=*/true, stream_key{});
+  // Cached frees left apart from clear chunks: a busy stream's 4 KiB free would otherwise take
+  // them into its pending block, out of the trim's reach until an event on it has run.
+  settle_everything(/*query_events=*/true, stream_key{}, clear_neighbours::leave);
   poll_fresh_covers(nullptr, [] { return false; });  // idle streams' frees, covered just now
   release_free_chunks(keep);
 }
@@ -53,7 +55,7 @@ void pool_core<Backend>::on_retire(std::uint64_t stream, bool handle_valid) noex
   if (found == nullptr) return;
   state& st = *found;
   try {
-    flush_cache(st);
+    flush_cache(st, clear_neighbours::leave);
     if (handle_valid && st.native != nullptr) {
       settle(st, /*query_events=*/true, stream_key{st.record.get(), st.native});
     }
@@ -75,15 +77,18 @@ void pool_core<Backend>::on_synchronize(std::uint64_t stream) noexcept {
   const capture_guard relaxed(backend_);
   try {
     std::lock_guard lock(mutex_);
+    // The frees cached before the synchronization are complete now: absorbing clear neighbours
+    // costs nothing (they turn clear together just below) and keeps the free memory in one
+    // block even when settling is cut short, out of host memory.
     if (stream == 0) {  // every stream
-      streams_.for_each([&](state& st) { flush_cache(st); });
+      streams_.for_each([&](state& st) { flush_cache(st, clear_neighbours::absorb); });
       settle_all(false, stream_key{});
       clear_after_device_idle();
       // Retired streams whose last frees only this could prove complete (raw streams found
       // destroyed, threads that ended) give back their states and records now.
       if (streams_.has_retiring()) recycle_retired();
     } else if (state* st = streams_.find(stream)) {
-      flush_cache(*st);
+      flush_cache(*st, clear_neighbours::absorb);
       settle(*st, false, stream_key{});
     }
     release_free_chunks(options_.release_threshold);

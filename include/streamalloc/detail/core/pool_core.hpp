@@ -430,16 +430,20 @@ class pool_core final : public completion_listener {
     return b;
   }
 
+  /// Whether a free moving into its stream's pending bins may absorb clear neighbours: only in
+  /// a call of that stream (its free, its request), never on another's behalf (see free_pending).
+  enum class clear_neighbours { absorb, leave };
+
   /// Moves a stream's fast cache into its pending bins, coalescing.
-  void flush_cache(state& st);
+  void flush_cache(state& st, clear_neighbours clear);
 
   /// Puts a freed block into its stream's pending bins, merging it with free neighbours that
-  /// are pending on the same stream or clear (a clear neighbour is absorbed: usable by this
-  /// stream at once, by others once this free is known complete; not where nothing may prove
-  /// that, and not a pending one an event already covers: see the definition). `for_use`: the
-  /// run is about to be allocated by the stream.
+  /// are pending on the same stream or clear (a clear neighbour is absorbed, unless `clear`
+  /// says leave: usable by this stream at once, by others once this free is known complete;
+  /// not where nothing may prove that, and not a pending one an event already covers: see the
+  /// definition). `for_use`: the run is about to be allocated by the stream.
   /// Returns the merged block.
-  block* free_pending(block* b, state& st, bool for_use = false);
+  block* free_pending(block* b, state& st, bool for_use = false, clear_neighbours clear = clear_neighbours::absorb);
 
   /// Merges `b` (in no bins) with its free address neighbours that sit in `bins` or `also`,
   /// except those in `bins` stamped at or before `kept_apart` (0: none kept apart).
@@ -456,10 +460,11 @@ class pool_core final : public completion_listener {
   void make_clear(block* b);
 
   void settle_all(bool query_events, const stream_key& caller);
-  /// Every stream's cached frees into its pending bins, then every stream settled, in a new
-  /// look (completion_tracker::begin_look): what a request that found nothing, a failed growth
-  /// in place and a trim learn before they poll the look's fresh events (poll_fresh_covers).
-  void settle_everything(bool query_events, const stream_key& caller);
+  /// Every stream's cached frees into its pending bins (`clear`: whether they absorb clear
+  /// neighbours), then every stream settled, in a new look (completion_tracker::begin_look):
+  /// what a request that found nothing, a failed growth in place and a trim learn before they
+  /// poll the look's fresh events (poll_fresh_covers).
+  void settle_everything(bool query_events, const stream_key& caller, clear_neighbours clear);
 
   /// The segment of `capture`, made and tied to its graph by `tie()` if it has none yet (if
   /// `tie` throws, no segment is left). Under the pool lock.

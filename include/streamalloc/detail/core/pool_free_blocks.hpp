@@ -35,7 +35,7 @@ void pool_core<Backend>::take(block* b, std::uint64_t n) {
 }
 
 template <pool_backend Backend>
-void pool_core<Backend>::flush_cache(state& st) {
+void pool_core<Backend>::flush_cache(state& st, clear_neighbours clear) {
   // One block at a time, in the cache's order (smallest first): a cached neighbour of the block
   // moving is merged with nothing until its own turn, as when the cache was emptied at once,
   // and the move needs no host memory (nearly every slow request flushes, most with a block or
@@ -49,12 +49,12 @@ void pool_core<Backend>::flush_cache(state& st) {
       st.cache.remove(b);
       st.cache_bytes -= b->size;
     }
-    free_pending(b, st);
+    free_pending(b, st, /*for_use=*/false, clear);
   }
 }
 
 template <pool_backend Backend>
-block* pool_core<Backend>::free_pending(block* b, state& st, bool for_use) {
+block* pool_core<Backend>::free_pending(block* b, state& st, bool for_use, clear_neighbours clear) {
   st.newest_stamp = std::max(st.newest_stamp, b->stamp);
   set_state(b, block_state::pending);
   // Clear neighbours are absorbed only for a stream whose handle the pool keeps, which it can
@@ -63,7 +63,13 @@ block* pool_core<Backend>::free_pending(block* b, state& st, bool for_use) {
   // (on the H100, raw streams each freeing 8 MiB behind a kernel grew the pool by a 64 MiB
   // chunk every two streams), or, uncovered, for a device-wide synchronization.
   // (`for_use`: the merged run is about to be allocated by the stream, and waits for nothing.)
-  const bool absorb = for_use || st.record->handle_stable();
+  // Nor for a cached free flushed by a trim, a snapshot or a retirement (`clear` is leave):
+  // the pool asks a `stream` whether it is idle only during its own calls, so clear memory
+  // absorbed into a busy stream's free then would wait for an event on it, and a trim would
+  // not release it (a 4 KiB free beside clear chunks kept all of them from trim_to(0)). Left
+  // apart, the block merges with them once its own free is known complete (make_clear).
+  // Another stream's request flushes with absorb (see find_memory).
+  const bool absorb = for_use || (clear == clear_neighbours::absorb && st.record->handle_stable());
   // Of such a stream, a pending neighbour whose free an event already covers stays a block of
   // its own: merged, it would take this free's newer stamp, and other streams, defragmentation
   // and release could use it only once this free is known complete too. A host running ahead
@@ -137,8 +143,8 @@ void pool_core<Backend>::settle_all(bool query_events, const stream_key& caller)
 }
 
 template <pool_backend Backend>
-void pool_core<Backend>::settle_everything(bool query_events, const stream_key& caller) {
-  streams_.for_each([&](state& st) { flush_cache(st); });
+void pool_core<Backend>::settle_everything(bool query_events, const stream_key& caller, clear_neighbours clear) {
+  streams_.for_each([&](state& st) { flush_cache(st, clear); });
   completion_.begin_look();
   settle_all(query_events, caller);
 }

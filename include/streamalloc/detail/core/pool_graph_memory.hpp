@@ -73,7 +73,7 @@ void pool_core<Backend>::add_graph_piece(graph_segment& seg, std::uint64_t n) {
   seg.spare.reserve(seg.spare.size() + 2);  // the piece, and a block given back after a failure
   // A whole free chunk of the pool, taken where it lies, not much larger than wanted; frees
   // known complete count (a new piece is rare: learning them is worth it here).
-  streams_.for_each([&](state& st) { flush_cache(st); });
+  streams_.for_each([&](state& st) { flush_cache(st, clear_neighbours::leave); });
   settle_all(/*query_events=*/false, stream_key{});
   std::optional<free_chunk> found;
   for (const free_chunk& m : free_chunks()) {

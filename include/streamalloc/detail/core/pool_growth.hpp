@@ -175,11 +175,11 @@ std::uint64_t pool_core<Backend>::grow_in_place(std::uint64_t p, std::uint64_t b
   std::lock_guard lock(mutex_);
   const std::uint64_t old = b->size;
   if (n <= old) return old;
-  flush_cache(st);  // this stream's cached neighbours coalesce first
+  flush_cache(st, clear_neighbours::absorb);  // this stream's cached neighbours coalesce first
   bool extended = extend(b, n, st);
   if (!extended) {
     // Other streams' cached frees, and whatever completed since the pool last looked.
-    settle_everything(options_.reuse.opportunistic, s);
+    settle_everything(options_.reuse.opportunistic, s, clear_neighbours::absorb);
     extended = extend(b, n, st);
     if (!extended) poll_fresh_covers(&st, [&] { return extended = extend(b, n, st); });
   }

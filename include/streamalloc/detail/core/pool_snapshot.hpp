@@ -24,7 +24,7 @@ core_snapshot pool_core<Backend>::snapshot() {
   const capture_guard relaxed(backend_);
   std::lock_guard lock(mutex_);
   s.now = static_cast<std::uint64_t>(pool_history::now_ns());
-  streams_.for_each([&](state& st) { flush_cache(st); });
+  streams_.for_each([&](state& st) { flush_cache(st, clear_neighbours::leave); });
   s.reservations = space_.reservations();
   for (const auto& [va, c] : space_.chunks()) s.chunks.emplace_back(va, c.size);
   s.granularity = space_.granularity();
