@@ -4,7 +4,7 @@ PyTorch's own allocator (its default, and expandable segments) and with streamal
 allocator, each run a process of its own, the allocators taken in rotation, several rounds.
 
     python3 bench/pytorch_end_to_end.py [--only NAME[,NAME...]] [--runs 3] [--steps 20]
-                                        [--json FILE] [--snapshots DIR]
+                                        [--json FILE] [--snapshots DIR] [--pin CPU,CPU]
     python3 bench/pytorch_end_to_end.py --report FILE.json [FILE.json ...]
 
 For every process it measures
@@ -16,6 +16,10 @@ For every process it measures
   - the median time of a step (forward, backward and optimizer step, or for gpt2_generate one
     pass over its four requests), synchronized, after one warm-up step (for gpt2_generate, a
     small request and then one whole pass, whose first calls for each shape are slow);
+  - within a step, the host's part (until every launch and allocation of the step is made) and
+    the stream's span (events before the first and after the last kernel): when the host's
+    part is close to the step, the step is bound by the host, where an allocator's own time
+    shows, and the machine's speed from one process to the next decides more than on the GPU;
 and prints each workload's table, with streamalloc's ratios to PyTorch's default allocator
 taken within each round (the machine's speed varies between processes more than between
 allocators; a round's processes run back to back).
@@ -57,8 +61,10 @@ DEFAULT_ALLOCATORS = ["pytorch", "pytorch_expandable", "streamalloc"]
 MIB = float(1 << 20)
 
 
-def child(name, allocator, steps, result_path, snapshot_dir=None):
+def child(name, allocator, steps, result_path, snapshot_dir=None, pin=None):
     """One process: build, warm up, run `steps` steps, write what it measured."""
+    if pin:  # every process of a run on the same cores: the host's speed as alike as it gets
+        os.sched_setaffinity(0, {int(c) for c in pin.split(",")})
     if allocator.startswith("streamalloc"):
         import streamalloc
         streamalloc.use_in_pytorch()  # before CUDA initialises
@@ -103,12 +109,19 @@ def child(name, allocator, steps, result_path, snapshot_dir=None):
     torch.cuda.synchronize()
     poll()
     counts_before = pool_counts(allocator)
-    times = []
+    times, enqueue, gpu = [], [], []
     for i in range(steps):
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         t = time.perf_counter()
+        begin.record()
         step(i)
+        end.record()
+        queued = time.perf_counter()  # the host's part: every launch (and allocation) made
         torch.cuda.synchronize()
-        times.append(time.perf_counter() - t)
+        done = time.perf_counter()
+        times.append(done - t)
+        enqueue.append(queued - t)
+        gpu.append(begin.elapsed_time(end) / 1e3)
         poll()
     counts = pool_counts(allocator)
     if counts:  # growths and remaps over the whole run, and over the timed steps alone
@@ -125,7 +138,9 @@ def child(name, allocator, steps, result_path, snapshot_dir=None):
         reserved_high = torch.cuda.max_memory_reserved()
     out = {"workload": name, "allocator": allocator, "steps": steps, "process_peak_bytes": peak,
            "reserved_high_bytes": reserved_high, "step_s_median": statistics.median(times),
-           "step_s": times, "first_pass_s": first_pass, "pool_counts": counts, "torch": torch.__version__, "gpu": torch.cuda.get_device_name(0)}
+           "step_s": times,
+           "enqueue_s_median": statistics.median(enqueue), "gpu_s_median": statistics.median(gpu),
+           "cpu": sorted(os.sched_getaffinity(0)), "first_pass_s": first_pass, "pool_counts": counts, "torch": torch.__version__, "gpu": torch.cuda.get_device_name(0)}
     with open(result_path, "w") as f:
         json.dump(out, f)
 
@@ -139,13 +154,15 @@ def pool_counts(allocator):
     return {"grows": st["grows"], "remapped_chunks": st["remapped_chunks"]}
 
 
-def run_child(name, allocator, steps, timeout, snapshot_dir=None):
+def run_child(name, allocator, steps, timeout, snapshot_dir=None, pin=None):
     fd, result = tempfile.mkstemp(prefix="e2e-", suffix=".json")
     os.close(fd)
     env = record.child_env(ALLOCATORS[allocator])
     cmd = [sys.executable, str(HERE), "--child", name, allocator, "--steps", str(steps), "--result", result]
     if snapshot_dir:
         cmd += ["--snapshots", snapshot_dir]
+    if pin:
+        cmd += ["--pin", pin]
     try:
         proc = subprocess.run(cmd, env=env, timeout=timeout, capture_output=True, text=True)
         with open(result) as f:
@@ -190,6 +207,17 @@ def report(name, rows):
         step = [o["step_s_median"] / t["step_s_median"] for o, t in pairs]
         print("  streamalloc / PyTorch's default, round by round: process peak %s, step time %s"
               % (spread(peak, "%.3f"), spread(step, "%.3f")))
+        # Every timed step of every round pooled, per allocator: what the rounds' own spread
+        # (the machine's speed from one process to the next) leaves of the allocators' difference.
+        mine = statistics.median(s for o, _ in pairs for s in o["step_s"])
+        other = statistics.median(s for _, t in pairs for s in t["step_s"])
+        print("  every step of those rounds pooled: median %.2f ms against %.2f (%.3f)" % (
+            mine * 1e3, other * 1e3, mine / other))
+        if all("enqueue_s_median" in o and "enqueue_s_median" in t for o, t in pairs):
+            q = [o["enqueue_s_median"] / t["enqueue_s_median"] for o, t in pairs]
+            g = [o["gpu_s_median"] / t["gpu_s_median"] for o, t in pairs]
+            print("  the host's part of a step (launches and allocations until the step is queued) %s, "
+                  "the stream's span from its first to its last kernel %s" % (spread(q, "%.3f"), spread(g, "%.3f")))
 
 
 def main():
@@ -204,12 +232,15 @@ def main():
                     help="streamalloc's processes write the pool's snapshot with its history here")
     ap.add_argument("--report", nargs="+", metavar="JSON",
                     help="print the tables of earlier runs' --json files together (their rounds added up)")
+    ap.add_argument("--pin", metavar="CPUS",
+                    help="comma-separated CPU cores every process runs on (less spread between processes; "
+                         "give two: the backward pass runs on a thread of its own)")
     ap.add_argument("--first", type=int, default=0, help=argparse.SUPPRESS)  # rotation of a later call
     ap.add_argument("--child", nargs=2, metavar=("WORKLOAD", "ALLOCATOR"), help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
     opts = ap.parse_args()
     if opts.child:
-        child(opts.child[0], opts.child[1], opts.steps, opts.result, opts.snapshots)
+        child(opts.child[0], opts.child[1], opts.steps, opts.result, opts.snapshots, opts.pin)
         return 0
     if opts.report:
         merged = {}
@@ -244,7 +275,7 @@ def main():
         for n in names:
             k = (r + opts.first) % len(order)
             for a in order[k:] + order[:k]:  # a different first each round
-                res, err = run_child(n, a, opts.steps, 600, opts.snapshots)
+                res, err = run_child(n, a, opts.steps, 600, opts.snapshots, opts.pin)
                 if err:
                     failures += 1
                     print("round %d, %s on %s failed: %s" % (r + 1, n, a, err), flush=True)
@@ -253,8 +284,9 @@ def main():
                     c = res.get("pool_counts")
                     more = "" if not c else ", grows %d (%d in the steps), chunks remapped %d (%d in the steps)" % (
                         c["grows"], c["grows_in_steps"], c["remapped_chunks"], c["remapped_chunks_in_steps"])
-                    print("round %d, %s on %-18s peak %6.0f MiB, step %7.1f ms%s" % (
-                        r + 1, n, a, res["process_peak_bytes"] / MIB, res["step_s_median"] * 1e3, more), flush=True)
+                    print("round %d, %s on %-18s peak %6.0f MiB, step %7.1f ms (host queues it in %.1f, stream span %.1f)%s" % (
+                        r + 1, n, a, res["process_peak_bytes"] / MIB, res["step_s_median"] * 1e3,
+                        res["enqueue_s_median"] * 1e3, res["gpu_s_median"] * 1e3, more), flush=True)
                 results[n][a].append(res)
     for n in names:
         report(n, results[n])
