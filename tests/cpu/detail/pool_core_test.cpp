@@ -1027,6 +1027,32 @@ TEST_CASE("trim: a busy stream's cached free beside clear chunks does not keep t
   CHECK(f.pool->statistics().reserved_current == 0);
 }
 
+TEST_CASE("retiring: a busy stream's last cached free does not take the clear memory beside it") {
+  core_options o = movable_chunks();
+  o.reuse = {false, true, false};  // opportunistic only: no waiting on the retired stream's frees
+  fixture f(o);
+  auto s = make_stream();
+  auto other = make_stream();
+  std::vector<std::uint64_t> p;
+  for (int i = 0; i < 8; ++i) p.push_back(f.pool->allocate(2 * MiB, s.key()));
+  const auto small = f.pool->allocate(4096, s.key());
+  REQUIRE(small == p[7] + 2 * MiB);
+  for (auto x : p) f.pool->deallocate(x, s.key());
+  host_sync(*f.dev, s);  // 16 MiB clear, right before `small`
+  // s is destroyed while a kernel on it still uses `small`: the free sits in its cache, and
+  // the retirement flushes it. Absorbed into that pending free, the clear 16 MiB would wait
+  // for s's last event; left apart, another stream takes them at once.
+  f.dev->busy.insert(s.native);
+  f.pool->deallocate(small, s.key());
+  f.pool->on_retire(s.record->id(), /*handle_valid=*/true);
+  const auto reserved = f.pool->statistics().reserved_current;
+  const auto q = f.pool->allocate(16 * MiB, other.key());
+  CHECK(q == p[0]);
+  CHECK(f.pool->statistics().reserved_current == reserved);  // served without growing
+  f.pool->deallocate(q, other.key());
+  f.dev->run_all();
+}
+
 TEST_CASE("statistics follow what was allocated; high-water marks reset") {
   core_options o;
   o.chunk_size = 2 * MiB;
