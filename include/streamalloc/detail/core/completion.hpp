@@ -84,10 +84,7 @@ class completion_tracker {
     }
     if (query_events) {
       // One event per stream per look, not one per free.
-      if (native != nullptr && cover(st, {st.record.get(), native}) && !may_ask) {
-        st.covered_in_look = look_;
-        ++covered_unasked_;
-      }
+      if (native != nullptr && cover(st, {st.record.get(), native}) && !may_ask) st.covered_in_look = look_;
       reap(st);
     }
     const std::uint64_t done = st.record->completed();
@@ -117,14 +114,10 @@ class completion_tracker {
   }
 
   /// Starts a request's look at the other streams: the streams whose frees it covers with an
-  /// event without asking whether they are idle are marked with this look, and counted.
-  std::uint64_t begin_look() noexcept {
-    covered_unasked_ = 0;
-    return ++look_;
-  }
+  /// event without asking whether they are idle are marked with this look
+  /// (stream_state::covered_in_look).
+  void begin_look() noexcept { ++look_; }
   [[nodiscard]] std::uint64_t current_look() const noexcept { return look_; }
-  /// How many streams the current look covered without asking (see begin_look).
-  [[nodiscard]] std::uint64_t covered_unasked() const noexcept { return covered_unasked_; }
 
   /// Records an event on `s` (the stream of the call in progress, whose state is `st`, known
   /// not capturing) covering every free made on it so far, cached ones included. False when
@@ -194,8 +187,7 @@ class completion_tracker {
 
  private:
   Backend& backend_;
-  std::uint64_t look_ = 0;              // the current look (begin_look)
-  std::uint64_t covered_unasked_ = 0;   // streams it covered without asking
+  std::uint64_t look_ = 0;  // the current look (begin_look)
 };
 
 }  // namespace streamalloc::detail

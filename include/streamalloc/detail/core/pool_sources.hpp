@@ -75,7 +75,6 @@ block* pool_core<Backend>::wait_for_pending(std::uint64_t n, state& st, stream_k
 template <pool_backend Backend>
 template <class Enough>
 void pool_core<Backend>::poll_fresh_covers(const state* skip, Enough&& enough) {
-  if (completion_.covered_unasked() == 0) return;
   const std::uint64_t look = completion_.current_look();
   const auto until = std::chrono::steady_clock::now() + fresh_cover_poll;
   for (;;) {
