@@ -7,7 +7,7 @@
 // thresholds, reuse policies, and streams made and destroyed: streamalloc-owned ones (retired),
 // raw ones, raw ones reusing a destroyed stream's handle value, per-thread default streams that
 // share one value. After every step an independent model of stream order (the one of the
-// randomized test in tests/cpu/detail/pool_core_test.cpp, made exact: waits carry what they wait
+// randomized test in tests/cpu/detail/pool_core_randomized_test.cpp, made exact: waits carry what they wait
 // for, the device runs a stream only past what it waits on) checks that
 //   - no two live blocks overlap, each is mapped, and each call returns the sizes it promises;
 //   - a block, or the bytes grow_in_place adds, goes to stream T only where each earlier free of

@@ -2,7 +2,7 @@
 
 // The pool's allocator, free of CUDA: it runs against a Backend that provides physical memory
 // and device events, so the whole algorithm is exercised on the CPU by tests with a simulated
-// backend (tests/cpu/detail/pool_core_test.cpp), and on the GPU through the VMM backend (pool.hpp).
+// backend (tests/cpu/detail/pool_core_*test.cpp), and on the GPU through the VMM backend (pool.hpp).
 //
 // Where free blocks live:
 //   a stream's fast cache   blocks freed on that stream, reusable by it at once; whole blocks
