@@ -280,3 +280,140 @@ TEST_CASE("random places, splits, merges and cuts agree with a map of blocks") {
   }
   check_matches(c, want);
 }
+
+TEST_CASE("thousands of blocks made, merged and made again between lookups: fresh and indexed ones alike") {
+  // Blocks made lately wait in a hash table for the address index (fresh_blocks.hpp); the
+  // table holds 1,024. Splits without merges fill it (and then go straight to the index for a
+  // while); splits undone by merges leave it; lookups take it in. All must stay invisible.
+  std::mt19937_64 rng(17);
+  block_chain c;
+  std::map<std::uint64_t, std::uint64_t> want;
+  constexpr std::uint64_t base = 0x40000000, size = 64ull << 20;
+  c.place(base, size);
+  want[base] = size;
+  // Carve 6,000 blocks off the front one after another, as a pool growing by small blocks does.
+  block* rest = c.starting_at(base);
+  for (int i = 0; i < 6000; ++i) {
+    const std::uint64_t n = (1 + rng() % 16) * unit;
+    const std::uint64_t at = rest->addr;
+    rest = c.split(rest, n);
+    want[at] = n;
+    want[rest->addr] = rest->size;
+  }
+  check_matches(c, want);
+  // Churn: split a random block and merge it back right away, or merge two neighbours, with a
+  // lookup every few steps (each lookup takes the table in).
+  for (int step = 0; step < 40000; ++step) {
+    auto it = std::next(want.begin(), static_cast<long>(rng() % want.size()));
+    block* b = c.starting_at(it->first);
+    REQUIRE(b != nullptr);
+    if (rng() % 3 != 0 && b->size > unit) {
+      const std::uint64_t n = (1 + rng() % (b->size / unit - 1)) * unit;
+      block* x = c.split(b, n);
+      if (rng() % 2 == 0) {  // merged back at once: the table's insert and erase cancel
+        b->size += x->size;
+        c.unlink(x);
+      } else {
+        want[x->addr] = x->size;
+        it->second = n;
+      }
+    } else if (block* x = b->next_addr; x != nullptr) {
+      b->size += x->size;
+      want.erase(x->addr);
+      it->second = b->size;
+      c.unlink(x);
+    }
+    if (step % 97 == 0) {
+      const std::uint64_t probe = base + rng() % size;
+      auto w = std::prev(want.upper_bound(probe));
+      block* found = c.at_or_before(probe);
+      REQUIRE(found != nullptr);
+      CHECK(found->addr == w->first);
+    }
+    if (step % 5000 == 0) check_matches(c, want);
+  }
+  check_matches(c, want);
+}
+
+TEST_CASE("out of host memory, blocks the index could not take in are still found") {
+  // A lookup takes the table of fresh blocks into the index; when the index cannot grow, what
+  // it could not take stays in the table, and lookups compare the index's answer with the
+  // table's. Some blocks are in the index before (a lookup took them in), the rest are fresh;
+  // the index's allocations fail from the k-th on, for k = 0, 1, 2, ... until none fails.
+  constexpr std::uint64_t base = 0x80000000;
+  int failed_runs = 0;
+  for (int k = 0; k < 64; ++k) {
+    CAPTURE(k);
+    block_chain c;
+    std::map<std::uint64_t, std::uint64_t> want;
+    c.place(base, 4096 * unit);
+    want[base] = 4096 * unit;
+    block* rest = c.starting_at(base);
+    for (int i = 0; i < 700; ++i) {  // several index leaves' worth
+      const std::uint64_t at = rest->addr;
+      rest = c.split(rest, 2 * unit);
+      want[at] = 2 * unit;
+      want[rest->addr] = rest->size;
+      if (i == 150) (void)c.at_or_before(base);  // the first 150 or so into the index
+    }
+    std::size_t index_size_hint = 0;
+    {
+      test_support::refusing_allocations refuse(k);
+      for (const auto& [addr, size] : want) {
+        const block* b = c.at_or_before(addr + size - 1);
+        REQUIRE(b != nullptr);
+        CHECK(b->addr == addr);
+        CHECK(c.at_or_before(addr) == b);
+        CHECK(c.starting_at(addr) == b);
+      }
+      index_size_hint = c.size();
+      // Merges work without host memory, whichever side a block is on.
+      for (int i = 0; i < 300; i += 3) {
+        block* b = c.starting_at(base + static_cast<std::uint64_t>(i) * 2 * unit);
+        block* x = b->next_addr;
+        want.erase(x->addr);
+        b->size += x->size;
+        want[b->addr] = b->size;
+        c.unlink(x);
+      }
+      failed_runs += test_support::allocations_until_failure == 0 ? 1 : 0;
+    }
+    CHECK(index_size_hint == want.size() + 100);
+    check_matches(c, want);
+    if (failed_runs == 0) break;  // the allocations ran out nowhere: every k beyond is the same
+    failed_runs = 0;
+  }
+}
+
+TEST_CASE("the table of fresh blocks fills with blocks merged away in between: drained, it goes on") {
+  // Many split-and-merge pairs between lookups, leaving about 1,100 blocks that stay: the
+  // table fills having seen most of its blocks merged away, so it is drained into the index
+  // and used again (not bypassed); then blocks that stay fill it again and it is bypassed.
+  std::mt19937_64 rng(23);
+  block_chain c;
+  std::map<std::uint64_t, std::uint64_t> want;
+  constexpr std::uint64_t base = 0xc0000000, size = 256ull << 20;
+  c.place(base, size);
+  want[base] = size;
+  block* tail = c.starting_at(base);
+  auto keep_one = [&] {  // a block that stays, carved off the tail
+    const std::uint64_t at = tail->addr, n = (1 + rng() % 8) * unit;
+    tail = c.split(tail, n);
+    want[at] = n;
+    want[tail->addr] = tail->size;
+  };
+  for (int round = 0; round < 3; ++round) {
+    for (int i = 0; i < 1100; ++i) {
+      for (int j = 0; j < 3; ++j) {  // made and merged away: each cancels in the table
+        block* x = c.split(tail, unit);
+        block* prev = x->prev_addr;
+        prev->size += x->size;
+        c.unlink(x);
+      }
+      keep_one();
+    }
+    check_matches(c, want);  // a lookup: everything taken in
+  }
+  for (int i = 0; i < 20000; ++i) keep_one();  // only blocks that stay: the bypass
+  check_matches(c, want);
+}

@@ -3,16 +3,20 @@
 // The blocks of a pool's mapped memory, live or free, in address order: each contiguous mapped
 // run is a chain of blocks linked to their address neighbours (block::prev_addr, next_addr),
 // the runs are kept by start, and every block is indexed by its start address, so that the
-// block holding any address is found in a few cache lines. Which blocks may merge and which
+// block holding any address is found in a few cache lines. Blocks made lately wait in a hash
+// table (fresh_blocks.hpp) until the index is asked or the table fills: most are merged away
+// again first, and never cost the index an insert and an erase. Which blocks may merge and which
 // bins they sit in is the pool's business; this only keeps the chain, the runs and the index
 // consistent with each other. Not thread-safe: the pool's lock guards it.
 
 #include <streamalloc/detail/core/address_index.hpp>
 #include <streamalloc/detail/core/block.hpp>
+#include <streamalloc/detail/core/fresh_blocks.hpp>
 
 #include <cstdint>
 #include <iterator>
 #include <map>
+#include <new>
 #include <utility>
 
 namespace streamalloc::detail {
@@ -44,7 +48,7 @@ class block_chain {
     const std::uint64_t va = b->addr, end = va + b->size;
     auto run = runs_.find(va);
     if (const auto before = run_ending_at(va); before != runs_.end()) {
-      block* prev = index_.before(va);
+      block* prev = at_or_before(va - 1);  // the last block of the run ending at va
       prev->next_addr = b;
       b->prev_addr = prev;
       runs_.erase(run);
@@ -52,7 +56,7 @@ class block_chain {
     }
     run->second = end;
     if (const auto after = runs_.find(end); after != runs_.end()) {
-      block* next = index_.find(end);
+      block* next = starting_at(end);
       next->prev_addr = b;
       b->next_addr = next;
       run->second = after->second;
@@ -63,7 +67,7 @@ class block_chain {
   /// Gives back what prepare_place took: the range was not mapped after all.
   void abandon_place(const placed& p) noexcept {
     runs_.erase(p.b->addr);
-    index_.erase(p.b->addr);
+    forget(p.b->addr);
     arena_.recycle(p.b);
   }
 
@@ -88,7 +92,7 @@ class block_chain {
   void unlink(block* x) {
     if (x->prev_addr != nullptr) x->prev_addr->next_addr = x->next_addr;
     if (x->next_addr != nullptr) x->next_addr->prev_addr = x->prev_addr;
-    index_.erase(x->addr);
+    forget(x->addr);
     arena_.recycle(x);
   }
 
@@ -99,7 +103,7 @@ class block_chain {
   /// Moves `x`'s start up by `bytes`, which its predecessor has taken over. Needs host memory
   /// unless reserve_give_front came just before.
   void give_front(block* x, std::uint64_t bytes) {
-    index_.erase(x->addr);
+    forget(x->addr);
     x->addr += bytes;
     x->size -= bytes;
     index_.insert(x->addr, x);
@@ -127,7 +131,7 @@ class block_chain {
       if (va + size < run_end) runs_.emplace(va + size, run_end);
     } catch (...) {
       if (p.after != nullptr) {
-        index_.erase(p.after->addr);
+        forget(p.after->addr);
         arena_.recycle(p.after);
       }
       if (p.before != nullptr) arena_.recycle(p.before);
@@ -144,11 +148,12 @@ class block_chain {
     block* prev = b->prev_addr;
     block* next = b->next_addr;
     if (p.before != nullptr) {
-      index_.assign(p.before->addr, p.before);  // b's start: replaced, no new entry
+      // b's start: replaced, no new entry.
+      if (!fresh_.assign(p.before->addr, p.before)) index_.assign(p.before->addr, p.before);
       p.before->prev_addr = prev;
       if (prev != nullptr) prev->next_addr = p.before;
     } else {
-      index_.erase(b->addr);
+      forget(b->addr);
       if (prev != nullptr) prev->next_addr = nullptr;
     }
     arena_.recycle(b);
@@ -195,27 +200,75 @@ class block_chain {
   }
 
   /// The block starting at or before `addr` (the one holding it, if `addr` is mapped); null if none.
-  [[nodiscard]] block* at_or_before(std::uint64_t addr) const noexcept { return index_.at_or_before(addr); }
+  [[nodiscard]] block* at_or_before(std::uint64_t addr) const noexcept {
+    take_in_fresh();
+    block* b = index_.at_or_before(addr);
+    if (!fresh_.empty()) [[unlikely]] {  // what the index could not take in, out of host memory
+      block* f = fresh_.at_or_before(addr);
+      if (f != nullptr && (b == nullptr || f->addr > b->addr)) b = f;
+    }
+    return b;
+  }
   /// The block starting before `addr` (at `addr - 1` or below); null if none.
-  [[nodiscard]] block* before(std::uint64_t addr) const noexcept { return index_.before(addr); }
+  [[nodiscard]] block* before(std::uint64_t addr) const noexcept { return addr == 0 ? nullptr : at_or_before(addr - 1); }
   /// The block starting at `addr`; null if none.
-  [[nodiscard]] block* starting_at(std::uint64_t addr) const noexcept { return index_.find(addr); }
+  [[nodiscard]] block* starting_at(std::uint64_t addr) const noexcept {
+    if (block* f = fresh_.find(addr)) return f;
+    return index_.find(addr);
+  }
 
   /// The mapped runs: start -> end.
   [[nodiscard]] const std::map<std::uint64_t, std::uint64_t>& runs() const noexcept { return runs_; }
   /// Blocks in the chain.
-  [[nodiscard]] std::size_t size() const noexcept { return index_.size(); }
+  [[nodiscard]] std::size_t size() const noexcept { return index_.size() + fresh_.size(); }
 
  private:
   block* make(std::uint64_t va, std::uint64_t size) {
     block* b = arena_.make(va, size);
     try {
+      if (straight_to_index_ != 0) {
+        --straight_to_index_;
+        index_.insert(va, b);
+        return b;
+      }
+      if (fresh_.full()) {
+        // Fewer than half of the blocks the table took in were merged away before it filled:
+        // it only delays the index's inserts, at the cost of a hash insert and a sort each
+        // (a pool growing by many small blocks that stay). The next ones go straight there.
+        // (This block is the window's first.)
+        if (fresh_made_ < 2 * fresh_blocks::max_entries) straight_to_index_ = 15 * fresh_blocks::max_entries - 1;
+        take_in_fresh();
+        if (straight_to_index_ != 0 || fresh_.full()) {
+          index_.insert(va, b);
+          return b;
+        }
+      }
+      try {
+        fresh_.insert(va, b);
+        ++fresh_made_;
+        return b;
+      } catch (const std::bad_alloc&) {  // the table could not grow: straight to the index
+      }
       index_.insert(va, b);
     } catch (...) {
       arena_.recycle(b);
       throw;
     }
     return b;
+  }
+  /// The fresh blocks into the index, as far as host memory allows: what it cannot take stays
+  /// in the table, where lookups find it too.
+  void take_in_fresh() const noexcept {
+    if (fresh_.empty()) return;
+    try {
+      fresh_.drain([this](std::uint64_t va, block* b) { index_.insert(va, b); });
+    } catch (const std::bad_alloc&) {
+    }
+    fresh_made_ = fresh_.size();
+  }
+  /// Removes `va`'s entry, wherever it is.
+  void forget(std::uint64_t va) noexcept {
+    if (!fresh_.erase(va)) index_.erase(va);
   }
   // Runs do not overlap: the one ending at `end`, if any, is the last one starting below it.
   std::map<std::uint64_t, std::uint64_t>::iterator run_ending_at(std::uint64_t end) {
@@ -226,7 +279,12 @@ class block_chain {
   }
 
   block_arena arena_;
-  address_index<block> index_;                   // every block, live or free, by start
+  // Every block, live or free, by start: in the index, or lately made and in fresh_. Both are
+  // brought up to date by lookups, which are const: mutable.
+  mutable address_index<block> index_;
+  mutable fresh_blocks fresh_;
+  mutable std::size_t fresh_made_ = 0;  // blocks put in fresh_ since it was last drained
+  std::size_t straight_to_index_ = 0;   // blocks still to make straight into the index
   std::map<std::uint64_t, std::uint64_t> runs_;  // contiguous mapped runs: start -> end
 };
 
