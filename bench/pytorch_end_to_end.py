@@ -44,6 +44,7 @@ exits 77 (skipped) without PyTorch or a GPU.
 
 import argparse
 import json
+import math
 import os
 import pathlib
 import statistics
@@ -215,9 +216,19 @@ def spread(values, fmt):
 
 
 def tenth(values):
-    """The 10th percentile (the fastest tenth's upper end)."""
+    """The 10th percentile, by nearest rank (the fastest tenth's upper end)."""
     values = sorted(values)
-    return values[len(values) // 10]
+    return values[max(0, math.ceil(len(values) / 10) - 1)]
+
+
+def finished(*results):
+    return all(r and "failed" not in r for r in results)
+
+
+def pooled(runs):
+    """Every timed step of the given processes: (median, 10th percentile)."""
+    steps = [s for r in runs for s in r["step_s"]]
+    return statistics.median(steps), tenth(steps)
 
 
 def report(name, rows):
@@ -227,7 +238,7 @@ def report(name, rows):
     for a in ALLOCATORS:
         if not rows.get(a):
             continue  # not run
-        got = [r for r in rows.get(a, []) if r and "failed" not in r]
+        got = [r for r in rows.get(a, []) if finished(r)]
         if not got:
             print("  %-20s (no run finished)" % a)
             continue
@@ -237,7 +248,8 @@ def report(name, rows):
             spread([r["step_s_median"] * 1e3 for r in got], "%.1f")))
     theirs = rows.get("pytorch", [])
     ours = rows.get("streamalloc", [])
-    pairs = [(o, t) for o, t in zip(ours, theirs) if o and t and "failed" not in o and "failed" not in t]
+    control = rows.get("pluggable_control", [])
+    pairs = [(o, t) for o, t in zip(ours, theirs) if finished(o, t)]
     if pairs:
         peak = [o["process_peak_bytes"] / t["process_peak_bytes"] for o, t in pairs]
         step = [o["step_s_median"] / t["step_s_median"] for o, t in pairs]
@@ -245,36 +257,37 @@ def report(name, rows):
               % (spread(peak, "%.3f"), spread(step, "%.3f")))
         # Every timed step of every round pooled, per allocator: what the rounds' own spread
         # (the machine's speed from one process to the next) leaves of the allocators' difference.
-        mine = statistics.median(s for o, _ in pairs for s in o["step_s"])
-        other = statistics.median(s for _, t in pairs for s in t["step_s"])
-        print("  every step of those rounds pooled: median %.2f ms against %.2f (%.3f)" % (
-            mine * 1e3, other * 1e3, mine / other))
-        # Steps within one process spread by half (the host is shared with whatever else runs):
-        # the fastest tenth is the least disturbed, a second estimate beside the median.
-        mine10 = tenth(s for o, _ in pairs for s in o["step_s"])
-        other10 = tenth(s for _, t in pairs for s in t["step_s"])
-        print("  the pooled steps' 10th percentile: %.2f ms against %.2f (%.3f)" % (
-            mine10 * 1e3, other10 * 1e3, mine10 / other10))
-        control = rows.get("pluggable_control", [])
-        triples = [(o, t, c) for o, t, c in zip(ours, theirs, control)
-                   if o and t and c and not any("failed" in x for x in (o, t, c))]
-        if triples:
-            # The control's own work per call is a hash lookup under a mutex: its step time over
-            # PyTorch's is what the pluggable interface costs, and streamalloc's over the
-            # control's what streamalloc's own work adds.
-            print("  the pluggable control / PyTorch's default, round by round: step time %s; streamalloc / the "
-                  "control: step time %s" % (
-                      spread([c["step_s_median"] / t["step_s_median"] for _, t, c in triples], "%.3f"),
-                      spread([o["step_s_median"] / c["step_s_median"] for o, _, c in triples], "%.3f")))
-            ctl = statistics.median(s for _, _, c in triples for s in c["step_s"])
-            ctl10 = tenth(s for _, _, c in triples for s in c["step_s"])
-            print("  every step of those rounds pooled: the control %.2f ms (%.3f of PyTorch's default), "
-                  "10th percentile %.2f ms (%.3f)" % (ctl * 1e3, ctl / other, ctl10 * 1e3, ctl10 / other10))
+        # Steps within one process spread by half too (the host is shared with whatever else
+        # runs): the fastest tenth is the least disturbed, a second estimate beside the median.
+        mine, mine10 = pooled(o for o, _ in pairs)
+        other, other10 = pooled(t for _, t in pairs)
+        print("  every step of those rounds pooled: median %.2f ms against %.2f (%.3f), 10th percentile "
+              "%.2f ms against %.2f (%.3f)" % (mine * 1e3, other * 1e3, mine / other,
+                                               mine10 * 1e3, other10 * 1e3, mine10 / other10))
         if all("enqueue_s_median" in o and "enqueue_s_median" in t for o, t in pairs):
             q = [o["enqueue_s_median"] / t["enqueue_s_median"] for o, t in pairs]
             g = [o["gpu_s_median"] / t["gpu_s_median"] for o, t in pairs]
             print("  the host's part of a step (launches and allocations until the step is queued) %s, "
                   "the stream's span from its first to its last kernel %s" % (spread(q, "%.3f"), spread(g, "%.3f")))
+    # The control's own work per call is a hash lookup under a mutex: its step time over
+    # PyTorch's bounds what the pluggable interface costs, and streamalloc's over the control's
+    # is what streamalloc's own work adds behind that interface. Each over its own rounds.
+    with_pytorch = [(c, t) for c, t in zip(control, theirs) if finished(c, t)]
+    if with_pytorch:
+        ctl, ctl10 = pooled(c for c, _ in with_pytorch)
+        base, base10 = pooled(t for _, t in with_pytorch)
+        print("  the pluggable control / PyTorch's default, round by round: step time %s; every step pooled: "
+              "median %.3f, 10th percentile %.3f" % (
+                  spread([c["step_s_median"] / t["step_s_median"] for c, t in with_pytorch], "%.3f"),
+                  ctl / base, ctl10 / base10))
+    with_ours = [(o, c) for o, c in zip(ours, control) if finished(o, c)]
+    if with_ours:
+        mine, mine10 = pooled(o for o, _ in with_ours)
+        ctl, ctl10 = pooled(c for _, c in with_ours)
+        print("  streamalloc / the pluggable control, round by round: step time %s; every step pooled: "
+              "median %.3f, 10th percentile %.3f" % (
+                  spread([o["step_s_median"] / c["step_s_median"] for o, c in with_ours], "%.3f"),
+                  mine / ctl, mine10 / ctl10))
 
 
 def main():
@@ -300,12 +313,26 @@ def main():
         child(opts.child[0], opts.child[1], opts.steps, opts.result, opts.snapshots, opts.pin)
         return 0
     if opts.report:
-        merged = {}
+        docs = []
         for path in opts.report:
             with open(path) as f:
-                for n, rows in json.load(f)["results"].items():
-                    for a, runs in rows.items():
-                        merged.setdefault(n, {}).setdefault(a, []).extend(runs)
+                docs.append(json.load(f)["results"])
+        # Rounds are compared by position: a file that did not run an allocator another file
+        # ran gets None rounds for it, so that every file's rounds stay side by side.
+        merged = {}
+        for doc in docs:
+            for n, rows in doc.items():
+                merged.setdefault(n, {})
+                for a, runs in rows.items():
+                    if runs:
+                        merged[n].setdefault(a, [])
+        for n, alloc_rows in merged.items():
+            for doc in docs:
+                rows = doc.get(n, {})
+                rounds = max((len(r) for r in rows.values()), default=0)
+                for a in alloc_rows:
+                    got = rows.get(a, [])
+                    alloc_rows[a].extend(got + [None] * (rounds - len(got)))
         for n, rows in merged.items():
             report(n, rows)
         return 0
