@@ -1,6 +1,6 @@
 #pragma once
 
-// Reads the fake driver's counters (tests/fake_driver/fake_libcuda.cpp) from a test that runs
+// Reads the fake driver's counters (tests/fake_driver/, entry points in fake_libcuda.cpp) from a test that runs
 // with STREAMALLOC_LIBCUDA pointing at it.
 
 #include <streamalloc/detail/driver/driver_loader.hpp>
