@@ -24,6 +24,10 @@ and prints each workload's table, with streamalloc's ratios to PyTorch's default
 taken within each round (the machine's speed varies between processes more than between
 allocators; a round's processes run back to back).
 
+`--allocators ...,streamalloc_timed` runs streamalloc through bench/timed_streamalloc.cpp (the
+target bench_timed_streamalloc), which times each call: the report then says how long a step
+spends inside streamalloc, in the process itself, and how many calls it makes.
+
 `--allocators ...,pluggable_control` adds a control: bench/pluggable_control.cpp (the target
 bench_pluggable_control), the least an allocator behind PyTorch's CUDAPluggableAllocator can do
 per call (same-stream, same-size lists over cudaMalloc, one hash lookup under a mutex). Its
@@ -66,28 +70,59 @@ ALLOCATORS = {  # name: PYTORCH_CUDA_ALLOC_CONF, or None for an allocator plugge
     # Not an allocator to use: bench/pluggable_control.cpp, the least an allocator behind
     # CUDAPluggableAllocator can do per call; its step time is PyTorch's pluggable interface's.
     "pluggable_control": None,
+    # streamalloc through bench/timed_streamalloc.cpp: a clock around each call, so that the
+    # time a step spends inside streamalloc is measured in the process (adds some 50 ns a call).
+    "streamalloc_timed": None,
 }
 DEFAULT_ALLOCATORS = ["pytorch", "pytorch_expandable", "streamalloc"]
 MIB = float(1 << 20)
 
 
-def control_library():
-    """bench/pluggable_control.cpp's library: $STREAMALLOC_CONTROL_LIBRARY, or a build folder's."""
-    if os.environ.get("STREAMALLOC_CONTROL_LIBRARY"):
-        return os.environ["STREAMALLOC_CONTROL_LIBRARY"]
+def bench_library(target, variable):
+    """A bench target's shared library: $variable, or a build folder's."""
+    if os.environ.get(variable):
+        return os.environ[variable]
     for build in sorted(HERE.parents[1].glob("build*")):
-        path = build / "bench" / "libbench_pluggable_control.so"
+        path = build / "bench" / ("lib%s.so" % target)
         if path.exists():
             return str(path)
-    raise SystemExit("pluggable_control: build the target bench_pluggable_control "
-                     "(STREAMALLOC_BUILD_BENCH=ON) or set STREAMALLOC_CONTROL_LIBRARY")
+    raise SystemExit("build the target %s (STREAMALLOC_BUILD_BENCH=ON) or set %s" % (target, variable))
+
+
+def control_library():
+    """bench/pluggable_control.cpp's library."""
+    return bench_library("bench_pluggable_control", "STREAMALLOC_CONTROL_LIBRARY")
+
+
+def timed_library():
+    """bench/timed_streamalloc.cpp's library (it needs the C library of the same build)."""
+    return bench_library("bench_timed_streamalloc", "STREAMALLOC_TIMED_LIBRARY")
+
+
+def timed_totals(lib):
+    """The timed library's calls and nanoseconds so far."""
+    import ctypes
+    calls, ns = ctypes.c_uint64(), ctypes.c_uint64()
+    lib.timed_totals(ctypes.byref(calls), ctypes.byref(ns))
+    return calls.value, ns.value
 
 
 def child(name, allocator, steps, result_path, snapshot_dir=None, pin=None):
     """One process: build, warm up, run `steps` steps, write what it measured."""
     if pin:  # every process of a run on the same cores: the host's speed as alike as it gets
         os.sched_setaffinity(0, {int(c) for c in pin.split(",")})
-    if allocator.startswith("streamalloc"):
+    timed = None
+    if allocator == "streamalloc_timed":
+        import ctypes
+        # The streamalloc package must load the C library the timed one links (the same
+        # build's), or its statistics would be of another copy's pool.
+        os.environ["STREAMALLOC_LIBRARY"] = str(pathlib.Path(timed_library()).parents[1] / "libstreamalloc_c.so")
+        import torch
+        torch.cuda.memory.change_current_allocator(torch.cuda.memory.CUDAPluggableAllocator(
+            timed_library(), "timed_torch_malloc", "timed_torch_free"))
+        timed = ctypes.CDLL(timed_library())  # the handle PyTorch opened: the same counters
+        import streamalloc  # for its statistics and snapshots, below
+    elif allocator.startswith("streamalloc"):
         import streamalloc
         streamalloc.use_in_pytorch()  # before CUDA initialises
     if allocator == "pluggable_control":  # as use_in_pytorch: before CUDA initialises
@@ -135,9 +170,10 @@ def child(name, allocator, steps, result_path, snapshot_dir=None, pin=None):
     torch.cuda.synchronize()
     poll()
     counts_before = pool_counts(allocator)
-    times, enqueue, gpu = [], [], []
+    times, enqueue, gpu, inside, calls = [], [], [], [], []
     for i in range(steps):
         begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        before = timed_totals(timed) if timed else None
         t = time.perf_counter()
         begin.record()
         step(i)
@@ -147,6 +183,10 @@ def child(name, allocator, steps, result_path, snapshot_dir=None, pin=None):
         done = time.perf_counter()
         times.append(done - t)
         enqueue.append(queued - t)
+        if timed:
+            after = timed_totals(timed)
+            calls.append(after[0] - before[0])
+            inside.append((after[1] - before[1]) / 1e9)
         gpu.append(begin.elapsed_time(end) / 1e3)
         poll()
     counts = pool_counts(allocator)
@@ -172,6 +212,8 @@ def child(name, allocator, steps, result_path, snapshot_dir=None, pin=None):
            "step_s": times,
            "enqueue_s_median": statistics.median(enqueue), "gpu_s_median": statistics.median(gpu),
            "cpu": sorted(os.sched_getaffinity(0)), "first_pass_s": first_pass, "pool_counts": counts, "torch": torch.__version__, "gpu": torch.cuda.get_device_name(0)}
+    if timed:  # per step: the allocator's calls, and the seconds spent inside them
+        out.update({"allocator_calls": calls, "inside_allocator_s": inside})
     with open(result_path, "w") as f:
         json.dump(out, f)
 
@@ -280,6 +322,15 @@ def report(name, rows):
               "median %.3f, 10th percentile %.3f" % (
                   spread([c["step_s_median"] / t["step_s_median"] for c, t in with_pytorch], "%.3f"),
                   ctl / base, ctl10 / base10))
+    timed_runs = [r for r in rows.get("streamalloc_timed", []) if finished(r) and "inside_allocator_s" in r]
+    if timed_runs:
+        inside = [s for r in timed_runs for s in r["inside_allocator_s"]]
+        steps = [s for r in timed_runs for s in r["step_s"]]
+        ncalls = [n for r in timed_runs for n in r["allocator_calls"]]
+        print("  inside streamalloc (streamalloc_timed), every step pooled: median %.3f ms a step (%.1f%% of the "
+              "median step), %d calls a step, %.0f ns a call" % (
+                  statistics.median(inside) * 1e3, 100 * statistics.median(inside) / statistics.median(steps),
+                  statistics.median(ncalls), 1e9 * sum(inside) / max(1, sum(ncalls))))
     with_ours = [(o, c) for o, c in zip(ours, control) if finished(o, c)]
     if with_ours:
         mine, mine10 = pooled(o for o, _ in with_ours)
