@@ -273,6 +273,18 @@ def pooled(runs):
     return statistics.median(steps), tenth(steps)
 
 
+def compare_steps(label, mine, theirs):
+    """One allocator's step time over another's, round by round and with every step of those
+    rounds pooled (median and 10th percentile); rounds where either did not finish left out."""
+    pairs = [(m, t) for m, t in zip(mine, theirs) if finished(m, t)]
+    if not pairs:
+        return
+    a, a10 = pooled(m for m, _ in pairs)
+    b, b10 = pooled(t for _, t in pairs)
+    print("  %s, round by round: step time %s; every step pooled: median %.3f, 10th percentile %.3f" % (
+        label, spread([m["step_s_median"] / t["step_s_median"] for m, t in pairs], "%.3f"), a / b, a10 / b10))
+
+
 def report(name, rows):
     """rows: allocator -> list of results, one per round (None where that process failed)."""
     print("\n%s" % name)
@@ -314,14 +326,7 @@ def report(name, rows):
     # The control's own work per call is a hash lookup under a mutex: its step time over
     # PyTorch's bounds what the pluggable interface costs, and streamalloc's over the control's
     # is what streamalloc's own work adds behind that interface. Each over its own rounds.
-    with_pytorch = [(c, t) for c, t in zip(control, theirs) if finished(c, t)]
-    if with_pytorch:
-        ctl, ctl10 = pooled(c for c, _ in with_pytorch)
-        base, base10 = pooled(t for _, t in with_pytorch)
-        print("  the pluggable control / PyTorch's default, round by round: step time %s; every step pooled: "
-              "median %.3f, 10th percentile %.3f" % (
-                  spread([c["step_s_median"] / t["step_s_median"] for c, t in with_pytorch], "%.3f"),
-                  ctl / base, ctl10 / base10))
+    compare_steps("the pluggable control / PyTorch's default", control, theirs)
     timed_runs = [r for r in rows.get("streamalloc_timed", []) if finished(r) and "inside_allocator_s" in r]
     if timed_runs:
         inside = [s for r in timed_runs for s in r["inside_allocator_s"]]
@@ -331,15 +336,7 @@ def report(name, rows):
               "median step), %d calls a step, %.0f ns a call" % (
                   statistics.median(inside) * 1e3, 100 * statistics.median(inside) / statistics.median(steps),
                   statistics.median(ncalls), 1e9 * sum(inside) / max(1, sum(ncalls))))
-    with_ours = [(o, c) for o, c in zip(ours, control) if finished(o, c)]
-    if with_ours:
-        mine, mine10 = pooled(o for o, _ in with_ours)
-        ctl, ctl10 = pooled(c for _, c in with_ours)
-        print("  streamalloc / the pluggable control, round by round: step time %s; every step pooled: "
-              "median %.3f, 10th percentile %.3f" % (
-                  spread([o["step_s_median"] / c["step_s_median"] for o, c in with_ours], "%.3f"),
-                  mine / ctl, mine10 / ctl10))
-
+    compare_steps("streamalloc / the pluggable control", ours, control)
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
