@@ -107,6 +107,41 @@ def timed_totals(lib):
     return calls.value, ns.value
 
 
+def timed_kinds(lib):
+    """Allocations' and frees' calls, nanoseconds and power-of-two buckets of call times so far."""
+    import ctypes
+    kinds = []
+    for kind in (0, 1):
+        calls, ns, buckets = ctypes.c_uint64(), ctypes.c_uint64(), (ctypes.c_uint64 * 32)()
+        lib.timed_kind(kind, ctypes.byref(calls), ctypes.byref(ns), buckets)
+        kinds.append({"calls": calls.value, "ns": ns.value, "buckets": list(buckets)})
+    return kinds
+
+
+# What timed_probe times (bench/timed_streamalloc.cpp), and the bytes written over the CPU's
+# caches before each call: none, more than its first level, more than its second, more than
+# what a core's share of the third.
+PROBES = ["clock", "allocate", "free", "cuCtxGetCurrent", "cuStreamIsCapturing", "cuStreamGetId"]
+EVICT_BYTES = [0, 64 << 10, 1 << 20, 8 << 20]
+
+
+def timed_probes(lib, torch):
+    """Median ns of each probe, per stream (the steps' own, and a stream made for it) and per
+    amount written over the caches before each call: {stream: {probe: {bytes: ns}}}."""
+    import ctypes
+    lib.timed_probe.restype = ctypes.c_double
+    lib.timed_probe.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    device = torch.cuda.current_device()
+    made = torch.cuda.Stream()
+    streams = {"the steps' stream": torch.cuda.current_stream().cuda_stream, "a stream made for it": made.cuda_stream}
+    out = {}
+    for label, handle in streams.items():
+        out[label] = {p: {str(b): lib.timed_probe(i, device, handle, b, 2001 if b < (1 << 20) else 401)
+                          for b in EVICT_BYTES} for i, p in enumerate(PROBES)}
+    torch.cuda.synchronize()
+    return out
+
+
 def child(name, allocator, steps, result_path, snapshot_dir=None, pin=None):
     """One process: build, warm up, run `steps` steps, write what it measured."""
     if pin:  # every process of a run on the same cores: the host's speed as alike as it gets
@@ -171,6 +206,7 @@ def child(name, allocator, steps, result_path, snapshot_dir=None, pin=None):
     poll()
     counts_before = pool_counts(allocator)
     times, enqueue, gpu, inside, calls = [], [], [], [], []
+    kinds_before = timed_kinds(timed) if timed else None
     for i in range(steps):
         begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         before = timed_totals(timed) if timed else None
@@ -189,6 +225,11 @@ def child(name, allocator, steps, result_path, snapshot_dir=None, pin=None):
             inside.append((after[1] - before[1]) / 1e9)
         gpu.append(begin.elapsed_time(end) / 1e3)
         poll()
+    if timed:  # the steps' calls by kind, then the probes (after the steps: they allocate too)
+        kinds = [{"calls": a["calls"] - b["calls"], "ns": a["ns"] - b["ns"],
+                  "buckets": [x - y for x, y in zip(a["buckets"], b["buckets"])]}
+                 for a, b in zip(timed_kinds(timed), kinds_before)]
+        probes = timed_probes(timed, torch)
     counts = pool_counts(allocator)
     if counts:  # growths and remaps over the whole run, and over the timed steps alone
         counts.update({k + "_in_steps": counts[k] - counts_before[k] for k in counts_before})
@@ -213,7 +254,8 @@ def child(name, allocator, steps, result_path, snapshot_dir=None, pin=None):
            "enqueue_s_median": statistics.median(enqueue), "gpu_s_median": statistics.median(gpu),
            "cpu": sorted(os.sched_getaffinity(0)), "first_pass_s": first_pass, "pool_counts": counts, "torch": torch.__version__, "gpu": torch.cuda.get_device_name(0)}
     if timed:  # per step: the allocator's calls, and the seconds spent inside them
-        out.update({"allocator_calls": calls, "inside_allocator_s": inside})
+        out.update({"allocator_calls": calls, "inside_allocator_s": inside,
+                    "allocate_calls": kinds[0], "free_calls": kinds[1], "probes_ns": probes})
     with open(result_path, "w") as f:
         json.dump(out, f)
 
@@ -285,6 +327,46 @@ def compare_steps(label, mine, theirs):
         label, spread([m["step_s_median"] / t["step_s_median"] for m, t in pairs], "%.3f"), a / b, a10 / b10))
 
 
+def bucket_median(buckets):
+    """The power-of-two range [low, high) ns that holds the median call."""
+    half, seen = sum(buckets) / 2, 0
+    for b, n in enumerate(buckets):
+        seen += n
+        if n and seen >= half:
+            return (1 << (b - 1) if b else 0), 1 << b
+    return 0, 0
+
+
+def report_calls(timed_runs):
+    """streamalloc_timed's calls by kind (all rounds added up) and its probes (median of the
+    rounds): where the time inside streamalloc goes, in the process itself."""
+    for kind, label in (("allocate_calls", "allocations"), ("free_calls", "frees")):
+        got = [r[kind] for r in timed_runs if kind in r]
+        if not got:
+            return  # a results file from before the calls were kept by kind
+        calls, ns = sum(g["calls"] for g in got), sum(g["ns"] for g in got)
+        buckets = [sum(col) for col in zip(*(g["buckets"] for g in got))]
+        low, high = bucket_median(buckets)
+        slow_calls = sum(buckets[13:])  # 4,096 ns and more
+        # The slow calls' time is not kept: at least their count times 4,096 ns.
+        print("    %-12s %5.0f ns a call on average, the median call %d..%d ns; %.2f%% of calls took "
+              "4 us or more (at least %.0f%% of the time)" % (
+                  label, ns / max(1, calls), low, high, 100.0 * slow_calls / max(1, calls),
+                  100.0 * slow_calls * 4096 / max(1, ns)))
+    probes = [r["probes_ns"] for r in timed_runs if "probes_ns" in r]
+    if not probes:
+        return
+    print("    one call timed alone in the same process, median ns (of the rounds' medians), "
+          "after writing over this many bytes:")
+    sizes = list(probes[0][next(iter(probes[0]))]["clock"])
+    for stream in probes[0]:
+        print("      on %s" % stream)
+        print("        %-22s" % "" + "".join("%10s" % ("%d KiB" % (int(b) >> 10) if int(b) else "none") for b in sizes))
+        for name in probes[0][stream]:
+            print("        %-22s" % name + "".join(
+                "%10.0f" % statistics.median(p[stream][name][b] for p in probes) for b in sizes))
+
+
 def report(name, rows):
     """rows: allocator -> list of results, one per round (None where that process failed)."""
     print("\n%s" % name)
@@ -336,6 +418,7 @@ def report(name, rows):
               "median step), %d calls a step, %.0f ns a call" % (
                   statistics.median(inside) * 1e3, 100 * statistics.median(inside) / statistics.median(steps),
                   statistics.median(ncalls), 1e9 * sum(inside) / max(1, sum(ncalls))))
+        report_calls(timed_runs)
     compare_steps("streamalloc / the pluggable control", ours, control)
 
 def main():
