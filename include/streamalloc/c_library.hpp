@@ -50,18 +50,38 @@ R c_guarded(const char* function, R failed, F&& f) noexcept {
 }
 
 /// The stream a C caller means by `s`. A default stream's handle names the stream of the
-/// context current on the calling thread; a thread that has none gets `device`'s primary
-/// context, as a CUDA runtime call there would.
-inline stream_ref c_stream(int device, streamalloc_stream s) {
-  const CUstream handle = reinterpret_cast<CUstream>(s);
-  if (handle == nullptr || is_legacy_handle(handle) || is_per_thread_handle(handle)) ensure_context(device);
-  return stream_ref(reinterpret_cast<cudaStream_t>(handle));
-}
+/// context current on the calling thread; on a thread that has none, the pool's first driver
+/// call about the stream is refused for want of one, and `device`'s primary context is made
+/// current then (default_stream_device), as a CUDA runtime call there would. Not asked ahead
+/// of every call: in a PyTorch step that question alone cost more than the allocation.
+inline stream_ref c_stream(streamalloc_stream s) { return stream_ref(reinterpret_cast<cudaStream_t>(s)); }
 
 inline pool_ref c_pool(int device) {
   // current_pool checks the ordinal against what streamalloc handles; a device the driver
   // does not have is refused when its pool is made.
   return current_pool(device);
+}
+
+/// Allocates from `device`'s current pool on `s`.
+inline void* c_allocate(size_t size, int device, streamalloc_stream s) {
+  const default_stream_device_scope scope(device);
+  return c_pool(device).allocate(size, c_stream(s));
+}
+
+/// Frees `p` on `s`: to `device`'s current pool when it holds `p` (a check of its reserved
+/// ranges, without a lock: PyTorch and CuPy free on the device they allocated on, from the
+/// pool that was current then), else to whichever pool does (the registry's lookup, under its
+/// lock; a pointer no pool holds is refused there).
+inline void c_deallocate(void* p, int device, streamalloc_stream s) {
+  const default_stream_device_scope scope(device);
+  if (device >= 0 && device < max_devices) {
+    pool_state* current = current_pools()[device].load(std::memory_order_acquire);
+    if (current != nullptr && current->owns(p)) {
+      current->deallocate(p, c_stream(s));
+      return;
+    }
+  }
+  streamalloc::deallocate(p, c_stream(s));
 }
 
 /// The current pool's snapshot (pool::snapshot: properties, statistics, blocks, streams and,
@@ -77,19 +97,19 @@ STREAMALLOC_C_EXPORT int streamalloc_version(void) { return STREAMALLOC_VERSION;
 STREAMALLOC_C_EXPORT void* streamalloc_malloc(size_t size, int device, streamalloc_stream stream) {
   using namespace streamalloc::detail;
   return c_guarded("streamalloc_malloc", static_cast<void*>(nullptr),
-                   [&] { return c_pool(device).allocate(size, c_stream(device, stream)); });
+                   [&] { return c_allocate(size, device, stream); });
 }
 
 STREAMALLOC_C_EXPORT void* streamalloc_torch_malloc(size_t size, int device, streamalloc_stream stream) {
   using namespace streamalloc::detail;
-  return c_pool(device).allocate(size, c_stream(device, stream));
+  return c_allocate(size, device, stream);
 }
 
 STREAMALLOC_C_EXPORT void streamalloc_free(void* ptr, size_t /*size*/, int device, streamalloc_stream stream) {
   using namespace streamalloc::detail;
   if (ptr == nullptr) return;
   const int ok = c_guarded("streamalloc_free", 0, [&] {
-    streamalloc::deallocate(ptr, c_stream(device, stream));
+    c_deallocate(ptr, device, stream);
     return 1;
   });
   // A free has nobody to return a status to (PyTorch ignores it): a bad one is a bug the

@@ -94,6 +94,39 @@ TEST_SUITE("c_api") {
     CHECK(stats_of(0).live_allocations == 0);
   }
 
+  TEST_CASE("a thread that has a context is not asked for it on every call") {
+    // In a PyTorch step the question (cuCtxGetCurrent) cost more than the allocation once the
+    // launches between allocations had evicted the CPU's caches: it is asked only when a
+    // call about the default stream is refused for want of a context.
+    std::thread([] {
+      void* first = streamalloc_malloc(4096, 1, nullptr);  // no context yet: device 1's is made current
+      REQUIRE(first != nullptr);
+      streamalloc_free(first, 4096, 1, nullptr);
+      const long long asked = streamalloc_test::fake_context_queries();
+      for (int i = 0; i < 100; ++i) {
+        void* p = streamalloc_malloc(4096 + 256 * static_cast<std::size_t>(i), 1, nullptr);
+        REQUIRE(p != nullptr);
+        streamalloc_free(p, 0, 1, nullptr);
+      }
+      CHECK(streamalloc_test::fake_context_queries() == asked);
+      CHECK(stats_of(1).live_allocations == 0);
+    }).join();
+  }
+
+  TEST_CASE("a free given another device than its pool's still reaches its pool") {
+    const c_api_stream s0(0), s1(1);
+    void* on_1 = streamalloc_malloc(MiB, 1, s1.get());
+    REQUIRE(on_1 != nullptr);
+    CHECK(stats_of(1).live_allocations == 1);
+    streamalloc_free(on_1, MiB, 0, s1.get());  // device 0 named: its pool does not hold it
+    CHECK(stats_of(1).live_allocations == 0);
+    CHECK(stats_of(0).live_allocations == 0);
+    void* on_0 = streamalloc_malloc(MiB, 0, s0.get());
+    REQUIRE(on_0 != nullptr);
+    streamalloc_free(on_0, MiB, 9, s0.get());  // a device there is not: the pool is found by address
+    CHECK(stats_of(0).live_allocations == 0);
+  }
+
   TEST_CASE("a free on the default stream given as a null handle is reused by another stream once it ran") {
     // A null handle is the legacy default stream (PyTorch's default stream arrives so). The
     // pool keyed it by that null handle, which to it means no stream: it never asked the stream

@@ -59,7 +59,12 @@ CUresult fake_cuDevicePrimaryCtxRetain(CUcontext* c, CUdevice d) {
   *c = reinterpret_cast<CUcontext>(&primary_contexts[d]);
   return CUDA_SUCCESS;
 }
+// The calling thread's cuCtxGetCurrent calls (fake_cuda_context_queries), per thread as
+// mode_exchanges.
+thread_local long long context_queries = 0;
+
 CUresult fake_cuCtxGetCurrent(CUcontext* c) {
+  ++context_queries;
   if (CUresult r = need_init()) return r;
   *c = current_context;
   return CUDA_SUCCESS;

@@ -213,6 +213,7 @@ void release_user_object_locked(CUuserObject obj, unsigned long long count);
 void release_all_locked(const user_object_refs& refs);
 void destroy_graph_locked(std::map<CUgraph, fake_graph>::iterator g);
 extern thread_local long long mode_exchanges;
+extern thread_local long long context_queries;
 
 // fake_graphs.cpp
 extern std::atomic<long long> graph_launches;

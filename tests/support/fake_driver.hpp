@@ -100,6 +100,9 @@ inline fake_graph_counts fake_graphs() { return fake_hook<fake_graph_counts (*)(
 /// cuThreadExchangeStreamCaptureMode calls the fake has had from the calling thread so far.
 inline long long fake_mode_exchanges() { return fake_hook<long long (*)()>("fake_cuda_mode_exchanges")(); }
 
+/// cuCtxGetCurrent calls the fake has had from the calling thread so far.
+inline long long fake_context_queries() { return fake_hook<long long (*)()>("fake_cuda_context_queries")(); }
+
 /// Waits until every user-object destructor the fake has queued has run on its driver thread.
 inline void fake_quiesce() { fake_hook<void (*)()>("fake_cuda_quiesce")(); }
 

@@ -72,7 +72,8 @@ inline std::uint64_t uncaptured_stream_id_of(CUstream s) {
   const CUresult first = cu::cuStreamGetId_nothrow(s, &id);
   if (first == CUDA_SUCCESS) [[likely]] return id;
   if (first == CUDA_ERROR_INVALID_CONTEXT) {
-    ensure_context(0);  // the legacy or per-thread default stream of a thread with no context
+    // The legacy or per-thread default stream of a thread with no context.
+    ensure_context(default_stream_device());
   }
   if (const CUresult again = cu::cuStreamGetId_nothrow(s, &id); again != CUDA_SUCCESS) throw_unidentified(again);
   return id;

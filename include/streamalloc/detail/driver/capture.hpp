@@ -45,8 +45,8 @@ STREAMALLOC_COLD inline capture_info capture_in_full(CUstream s, const char* cal
   CUresult r = cu::cuStreamGetCaptureInfo_nothrow(s, &status, &c.id, &c.graph, nullptr, nullptr, nullptr);
   if (r == CUDA_ERROR_INVALID_CONTEXT) {
     // A default stream's handle, on a thread with no context yet: it names device 0's, as a
-    // CUDA runtime call there would.
-    ensure_context(0);
+    // CUDA runtime call there would, or the device the C interface was told.
+    ensure_context(default_stream_device());
     r = cu::cuStreamGetCaptureInfo_nothrow(s, &status, &c.id, &c.graph, nullptr, nullptr, nullptr);
   }
   if (r == CUDA_SUCCESS && status == CU_STREAM_CAPTURE_STATUS_NONE) return {};  // the capture ended meanwhile
