@@ -11,7 +11,7 @@
 //
 //   bench_trace_sim [--live-gib N] [--steps N]
 //   bench_trace_sim --trace FILE|DIR [--trace FILE|DIR ...] [--snapshots DIR [--snapshot-at N]]
-//                   [--device idle|steps|lag N] [--streams kept|pytorch]
+//                   [--device idle|steps|lag N] [--streams kept|pytorch] [--evict BYTES]
 //
 // --snapshots writes, for each trace, the default pool's snapshot (pool::snapshot's JSON, with
 // the history of every event up to then) taken when the trace's live bytes peak, to
@@ -26,6 +26,7 @@
 #include "trace_file.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <fstream>
 #include <cstdio>
@@ -57,6 +58,11 @@ bool device_idle = true;
 // operations is busy. A host running ahead of its GPU, as a training loop does between its
 // synchronizations; the whole-run traces have no step marks for --device steps to use.
 std::size_t device_lag = 0;
+// --evict BYTES: the warm passes write over BYTES before each operation and time the
+// operations alone: the pool's cost with the CPU's caches taken by other work, as the kernel
+// launches between a PyTorch step's allocations take them (bench/timed_streamalloc.cpp
+// measures the same in the real process).
+std::size_t evict_bytes = 0;
 // --streams pytorch: streams as PyTorch hands them to streamalloc (see simulate).
 bool pytorch_streams = false;
 
@@ -111,25 +117,36 @@ void warm_passes(Pool& pool, streamalloc_test::sim_device& dev, const std::vecto
   auto count = [&] { return calls{dev.event_records, dev.event_queries, dev.idle_queries, dev.event_waits, dev.creates}; };
   std::vector<double> ns;
   calls before{}, after{};
+  std::vector<unsigned char> evicted(evict_bytes);
+  using clock = std::chrono::steady_clock;
   for (int pass = 0; pass < 5; ++pass) {
     for (std::size_t id = 0; id < ptr.size(); ++id) {
       if (live[id]) pool.deallocate(ptr[id], keys[stream_of[id]]);
     }
     dev.run_all();
     before = count();
-    const auto t = std::chrono::steady_clock::now();
+    clock::duration inside{};
+    const auto t = clock::now();
     for (const auto& op : ops) {
       const stream_key& s = keys[op.stream];
+      if (!evicted.empty()) {
+        for (std::size_t i = 0; i < evicted.size(); i += 64) evicted[i] = static_cast<unsigned char>(evicted[i] + 1);
+        std::atomic_signal_fence(std::memory_order_seq_cst);
+      }
+      const auto op_start = evicted.empty() ? clock::time_point{} : clock::now();
       if (op.alloc) ptr[op.id] = pool.allocate(op.size, s);
       else pool.deallocate(ptr[op.id], s);
+      if (!evicted.empty()) inside += clock::now() - op_start;
       if (keys.size() == 1) dev.run(s.native);
       else dev.run_all();
     }
-    ns.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count() * 1e9 / double(ops.size()));
+    const clock::duration whole = evicted.empty() ? clock::now() - t : inside;
+    ns.push_back(std::chrono::duration<double>(whole).count() * 1e9 / double(ops.size()));
     after = count();
   }
   std::sort(ns.begin(), ns.end());
   const double n = double(ops.size());
+  if (!evicted.empty()) std::printf("  (each operation timed alone, %zu bytes written over before it)\n", evicted.size());
   std::printf("  default pool, again on the warm pool: %.0f ns/op (median of 5 passes); device calls per operation: "
               "event records %.3f, event queries %.3f, stream idle queries %.3f, event waits %.3f, creates %.3f\n",
               ns[ns.size() / 2], double(after.records - before.records) / n, double(after.queries - before.queries) / n,
@@ -307,10 +324,12 @@ int main(int argc, char** argv) {
       ++i;
     } else if (!std::strcmp(argv[i], "--streams") && i + 1 < argc && !std::strcmp(argv[i + 1], "kept")) {
       ++i;
+    } else if (!std::strcmp(argv[i], "--evict") && i + 1 < argc) {
+      evict_bytes = std::strtoull(argv[++i], nullptr, 10);
     }
     else {
       std::fprintf(stderr, "usage: bench_trace_sim [--live-gib N] [--steps N] | --trace FILE|DIR [--trace ...] [--snapshots DIR [--snapshot-at N]]\n"
-                   "                       [--device idle|steps|lag N] [--streams kept|pytorch]\n");
+                   "                       [--device idle|steps|lag N] [--streams kept|pytorch] [--evict BYTES]\n");
       return 2;
     }
   }
