@@ -39,7 +39,7 @@ step, DIR/<workload>.snapshot.json.gz (pool::snapshot: reservations, chunks, eve
 the history of allocations, frees, growths and remaps), for scripts/plot_snapshot.py; keeping
 the history costs about 200 ns an allocation, so its step times are not the table's.
 
-The workloads are bench/traces/record.py's, built from configs with random weights: nothing is
+The workloads are bench/traces/workloads.py's (those bench/traces/record.py records), built from configs with random weights: nothing is
 downloaded. cuDNN's benchmark mode is off for every allocator here: PyTorch refuses it with any
 pluggable allocator ("CUDAPluggableAllocator does not yet support cacheInfo"). Needs PyTorch with CUDA, transformers and torchvision, and libstreamalloc_c (found
 as the streamalloc package finds it: $STREAMALLOC_LIBRARY, or the build folders of this tree);
