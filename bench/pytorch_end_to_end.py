@@ -112,15 +112,16 @@ def timed_kinds(lib):
     import ctypes
     kinds = []
     for kind in (0, 1):
-        calls, ns, buckets = ctypes.c_uint64(), ctypes.c_uint64(), (ctypes.c_uint64 * 32)()
-        lib.timed_kind(kind, ctypes.byref(calls), ctypes.byref(ns), buckets)
-        kinds.append({"calls": calls.value, "ns": ns.value, "buckets": list(buckets)})
+        calls, ns = ctypes.c_uint64(), ctypes.c_uint64()
+        buckets, bucket_ns = (ctypes.c_uint64 * 32)(), (ctypes.c_uint64 * 32)()
+        lib.timed_kind(kind, ctypes.byref(calls), ctypes.byref(ns), buckets, bucket_ns)
+        kinds.append({"calls": calls.value, "ns": ns.value, "buckets": list(buckets), "bucket_ns": list(bucket_ns)})
     return kinds
 
 
 # What timed_probe times (bench/timed_streamalloc.cpp), and the bytes written over the CPU's
-# caches before each call: none, more than its first level, more than its second, more than
-# what a core's share of the third.
+# caches before each call: none, more than a core's first level, about a second level's size
+# (half of some hosts'), and a good part of a third level's.
 PROBES = ["clock", "allocate", "free", "cuCtxGetCurrent", "cuStreamIsCapturing", "cuStreamGetId"]
 EVICT_BYTES = [0, 64 << 10, 1 << 20, 8 << 20]
 
@@ -227,7 +228,8 @@ def child(name, allocator, steps, result_path, snapshot_dir=None, pin=None):
         poll()
     if timed:  # the steps' calls by kind, then the probes (after the steps: they allocate too)
         kinds = [{"calls": a["calls"] - b["calls"], "ns": a["ns"] - b["ns"],
-                  "buckets": [x - y for x, y in zip(a["buckets"], b["buckets"])]}
+                  "buckets": [x - y for x, y in zip(a["buckets"], b["buckets"])],
+                  "bucket_ns": [x - y for x, y in zip(a["bucket_ns"], b["bucket_ns"])]}
                  for a, b in zip(timed_kinds(timed), kinds_before)]
         probes = timed_probes(timed, torch)
     counts = pool_counts(allocator)
@@ -328,12 +330,12 @@ def compare_steps(label, mine, theirs):
 
 
 def bucket_median(buckets):
-    """The power-of-two range [low, high) ns that holds the median call."""
+    """The power-of-two range low..high ns (both included) that holds the median call."""
     half, seen = sum(buckets) / 2, 0
     for b, n in enumerate(buckets):
         seen += n
         if n and seen >= half:
-            return (1 << (b - 1) if b else 0), 1 << b
+            return (1 << (b - 1) if b else 0), (1 << b) - 1
     return 0, 0
 
 
@@ -348,11 +350,13 @@ def report_calls(timed_runs):
         buckets = [sum(col) for col in zip(*(g["buckets"] for g in got))]
         low, high = bucket_median(buckets)
         slow_calls = sum(buckets[13:])  # 4,096 ns and more
-        # The slow calls' time is not kept: at least their count times 4,096 ns.
+        if all("bucket_ns" in g for g in got):
+            slow_ns = sum(sum(g["bucket_ns"][13:]) for g in got)
+            share = "%.0f%% of the time" % (100.0 * slow_ns / max(1, ns))
+        else:  # files from before the buckets' time was kept: at least their count times 4,096 ns
+            share = "at least %.0f%% of the time" % (100.0 * slow_calls * 4096 / max(1, ns))
         print("    %-12s %5.0f ns a call on average, the median call %d..%d ns; %.2f%% of calls took "
-              "4 us or more (at least %.0f%% of the time)" % (
-                  label, ns / max(1, calls), low, high, 100.0 * slow_calls / max(1, calls),
-                  100.0 * slow_calls * 4096 / max(1, ns)))
+              "4 us or more (%s)" % (label, ns / max(1, calls), low, high, 100.0 * slow_calls / max(1, calls), share))
     probes = [r["probes_ns"] for r in timed_runs if "probes_ns" in r]
     if not probes:
         return
@@ -363,8 +367,11 @@ def report_calls(timed_runs):
         print("      on %s" % stream)
         print("        %-22s" % "" + "".join("%10s" % ("%d KiB" % (int(b) >> 10) if int(b) else "none") for b in sizes))
         for name in probes[0][stream]:
-            print("        %-22s" % name + "".join(
-                "%10.0f" % statistics.median(p[stream][name][b] for p in probes) for b in sizes))
+            cells = []
+            for b in sizes:
+                got = [p[stream][name][b] for p in probes if p[stream][name][b] >= 0]  # -1: failed
+                cells.append("%10.0f" % statistics.median(got) if got else "%10s" % "-")
+            print("        %-22s" % name + "".join(cells))
 
 
 def report(name, rows):

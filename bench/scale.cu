@@ -76,39 +76,7 @@ double clock_read_ns() {
   return seconds_since(t) * 1e9 / n;
 }
 
-// Half a second of the two-stream ring, through both allocators, not timed. Without it the first
-// sizes were measured while the machine was still leaving an idle state in some processes and
-// not in others (H200, four runs of --only ring in one call: at 2 streams streamalloc 497 to
-// 1,011 ns and the driver 1,068 to 2,012, both slow in the same two runs, while every size from
-// 128 streams on stayed within 15%): the baseline of the targets "N streams within 2x of 2".
-void warm_up_ring() {
-  streamalloc::pool pool(bench::kept());
-  streamalloc::stream a(0), b(0);
-  streamalloc::event e;
-  cudaEvent_t driver_event;
-  BENCH_CHECK(cudaEventCreateWithFlags(&driver_event, cudaEventDisableTiming));
-  cudaMemPool_t dp = bench::make_driver_pool();
-  const auto t = clk::now();
-  while (seconds_since(t) < 0.5) {
-    for (int r = 0; r < 1000; ++r) {
-      void* p = pool.allocate(64 * KiB, a);
-      e.record(a);
-      b.wait(e);
-      pool.deallocate(p, b);
-      void* q = nullptr;
-      BENCH_CHECK(cudaMallocFromPoolAsync(&q, 64 * KiB, dp, a.get()));
-      BENCH_CHECK(cudaEventRecord(driver_event, a.get()));
-      BENCH_CHECK(cudaStreamWaitEvent(b.get(), driver_event, 0));
-      BENCH_CHECK(cudaFreeAsync(q, b.get()));
-    }
-    BENCH_CHECK(cudaDeviceSynchronize());
-  }
-  BENCH_CHECK(cudaEventDestroy(driver_event));
-  BENCH_CHECK(cudaMemPoolDestroy(dp));
-}
-
 void ring() {
-  warm_up_ring();
   std::printf("\n1. hand-off ring: allocate 64 KiB on s[i], record, s[i+1] waits, free on s[i+1]: ns per round;\n"
               "   then the round split: allocate + free, and record + wait (timed call by call); and the\n"
               "   driver's capture query that allocate and free each make, alone on the same two streams\n");

@@ -34,6 +34,7 @@ constexpr int bucket_count = 32;  // bucket b: calls of at least 2^(b-1) ns and 
 struct kind_counters {
   std::atomic<std::uint64_t> calls{0}, nanoseconds{0};
   std::atomic<std::uint64_t> buckets[bucket_count]{};
+  std::atomic<std::uint64_t> bucket_nanoseconds[bucket_count]{};  // the time of each bucket's calls
 };
 kind_counters kinds[2];  // 0: allocations, 1: frees
 
@@ -50,7 +51,9 @@ struct timed {
     kind_counters& k = kinds[kind];
     k.nanoseconds.fetch_add(ns, std::memory_order_relaxed);
     k.calls.fetch_add(1, std::memory_order_relaxed);
-    k.buckets[std::min<int>(bucket_count - 1, std::bit_width(ns))].fetch_add(1, std::memory_order_relaxed);
+    const int b = std::min<int>(bucket_count - 1, std::bit_width(ns));
+    k.buckets[b].fetch_add(1, std::memory_order_relaxed);
+    k.bucket_nanoseconds[b].fetch_add(ns, std::memory_order_relaxed);
   }
 };
 
@@ -93,19 +96,24 @@ __attribute__((visibility("default"))) void timed_totals(std::uint64_t* calls_ou
 }
 
 /// Of one kind (0 allocations, 1 frees): calls, nanoseconds, and the calls in each of the 32
-/// power-of-two buckets (bucket b: at least 2^(b-1) ns, under 2^b).
+/// power-of-two buckets (bucket b: at least 2^(b-1) ns, under 2^b) and their nanoseconds.
 __attribute__((visibility("default"))) void timed_kind(int kind, std::uint64_t* calls_out,
-                                                       std::uint64_t* nanoseconds_out, std::uint64_t* buckets_out) {
+                                                       std::uint64_t* nanoseconds_out, std::uint64_t* buckets_out,
+                                                       std::uint64_t* bucket_nanoseconds_out) {
   const kind_counters& k = kinds[kind == 0 ? 0 : 1];
   *calls_out = k.calls.load(std::memory_order_relaxed);
   *nanoseconds_out = k.nanoseconds.load(std::memory_order_relaxed);
-  for (int b = 0; b < bucket_count; ++b) buckets_out[b] = k.buckets[b].load(std::memory_order_relaxed);
+  for (int b = 0; b < bucket_count; ++b) {
+    buckets_out[b] = k.buckets[b].load(std::memory_order_relaxed);
+    bucket_nanoseconds_out[b] = k.bucket_nanoseconds[b].load(std::memory_order_relaxed);
+  }
 }
 
 /// The median ns of one operation, timed alone `repetitions` times on `stream`, with
 /// `evict_bytes` written over before each (0: caches warm). Operations: 0 nothing (the clock's
 /// own cost), 1 allocating 4 KiB through streamalloc (the free after it not timed), 2 freeing
-/// it (the allocation before it not timed), 3 cuCtxGetCurrent, 4 cuStreamIsCapturing,
+/// it (the allocation before it not timed, made before the caches are written over),
+/// 3 cuCtxGetCurrent, 4 cuStreamIsCapturing,
 /// 5 cuStreamGetId. -1 when the driver lacks the function or streamalloc failed.
 __attribute__((visibility("default"))) double timed_probe(int operation, int device, streamalloc_stream stream,
                                                           std::size_t evict_bytes, int repetitions) {
@@ -124,9 +132,11 @@ __attribute__((visibility("default"))) double timed_probe(int operation, int dev
   times.reserve(static_cast<std::size_t>(repetitions));
   const auto s = reinterpret_cast<CUstream>(stream);
   for (int i = 0; i < repetitions; ++i) {
-    evict(buffer);
     void* p = nullptr;
+    // The free's allocation before the caches are written over, or it would bring back what
+    // the free then finds warm.
     if (operation == 2 && (p = streamalloc_malloc(4096, device, stream)) == nullptr) return -1;
+    evict(buffer);
     CUcontext ctx = nullptr;
     CUstreamCaptureStatus status{};
     unsigned long long id = 0;

@@ -68,16 +68,18 @@ inline void* c_allocate(size_t size, int device, streamalloc_stream s) {
   return c_pool(device).allocate(size, c_stream(s));
 }
 
-/// Frees `p` on `s`: to `device`'s current pool when it holds `p` (a check of its reserved
-/// ranges, without a lock: PyTorch and CuPy free on the device they allocated on, from the
-/// pool that was current then), else to whichever pool does (the registry's lookup, under its
-/// lock; a pointer no pool holds is refused there).
+/// Frees `p` on `s`. When `device` has no pool set current (PyTorch's and CuPy's case), its
+/// default pool is asked first whether its reserved ranges hold `p`: a check without a lock,
+/// safe because a default pool is never destroyed. Otherwise, or when it does not hold `p`,
+/// whichever pool does is found in the process's directory of pools, under its lock: a pool
+/// set current may be closed or destroyed by another thread meanwhile, and the directory is
+/// the safe way to it. A pointer no pool holds is refused there.
 inline void c_deallocate(void* p, int device, streamalloc_stream s) {
   const default_stream_device_scope scope(device);
-  if (device >= 0 && device < max_devices) {
-    pool_state* current = current_pools()[device].load(std::memory_order_acquire);
-    if (current != nullptr && current->owns(p)) {
-      current->deallocate(p, c_stream(s));
+  if (device >= 0 && device < max_devices && current_pools()[device].load(std::memory_order_acquire) == nullptr) {
+    pool* d = default_pools()[device].load(std::memory_order_acquire);
+    if (d != nullptr && d->owns(p)) {
+      d->deallocate(p, c_stream(s));
       return;
     }
   }

@@ -512,6 +512,11 @@ inline void check_device(int device) {
     throw std::invalid_argument("streamalloc: there is no device " + std::to_string(device));
   }
 }
+/// Each device's default pool, null until made (default_pool). Never destroyed once made.
+inline std::array<std::atomic<pool*>, max_devices>& default_pools() {
+  static std::array<std::atomic<pool*>, max_devices> defaults{};
+  return defaults;
+}
 }  // namespace detail
 
 /**
@@ -521,7 +526,7 @@ inline void check_device(int device) {
  */
 inline pool_ref default_pool(int device) {
   detail::check_device(device);
-  static std::array<std::atomic<pool*>, detail::max_devices> defaults{};
+  std::array<std::atomic<pool*>, detail::max_devices>& defaults = detail::default_pools();
   static std::mutex m;
   if (pool* p = defaults[device].load(std::memory_order_acquire)) return *p;
   std::lock_guard lock(m);
@@ -532,7 +537,7 @@ inline pool_ref default_pool(int device) {
   defaults[device].store(p, std::memory_order_release);
   static const bool trim_at_exit = [] {
     std::atexit([] {
-      for (auto& slot : defaults) {
+      for (auto& slot : detail::default_pools()) {
         if (pool* q = slot.load(std::memory_order_acquire)) {
           try {
             q->trim_to(0);

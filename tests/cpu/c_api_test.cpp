@@ -98,19 +98,25 @@ TEST_SUITE("c_api") {
     // In a PyTorch step the question (cuCtxGetCurrent) cost more than the allocation once the
     // launches between allocations had evicted the CPU's caches: it is asked only when a
     // call about the default stream is refused for want of a context.
-    std::thread([] {
+    // Checked on this thread: a failed REQUIRE in another would end the whole suite.
+    int allocated = 0;
+    long long questions = -1;
+    std::thread([&] {
       void* first = streamalloc_malloc(4096, 1, nullptr);  // no context yet: device 1's is made current
-      REQUIRE(first != nullptr);
+      if (first == nullptr) return;
       streamalloc_free(first, 4096, 1, nullptr);
       const long long asked = streamalloc_test::fake_context_queries();
       for (int i = 0; i < 100; ++i) {
         void* p = streamalloc_malloc(4096 + 256 * static_cast<std::size_t>(i), 1, nullptr);
-        REQUIRE(p != nullptr);
+        if (p == nullptr) break;
+        ++allocated;
         streamalloc_free(p, 0, 1, nullptr);
       }
-      CHECK(streamalloc_test::fake_context_queries() == asked);
-      CHECK(stats_of(1).live_allocations == 0);
+      questions = streamalloc_test::fake_context_queries() - asked;
     }).join();
+    CHECK(allocated == 100);
+    CHECK(questions == 0);  // 200 when every call asked
+    CHECK(stats_of(1).live_allocations == 0);
   }
 
   TEST_CASE("a free given another device than its pool's still reaches its pool") {

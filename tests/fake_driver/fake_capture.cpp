@@ -133,6 +133,10 @@ CUresult fake_cuStreamGetCaptureInfo(CUstream s, CUstreamCaptureStatus* status, 
                                      const CUgraphEdgeData** edge_data, std::size_t* dependency_count) {
   if (status == nullptr || (edge_data != nullptr && dependencies == nullptr)) return CUDA_ERROR_INVALID_VALUE;
   if (CUresult r = need_init()) return r;
+  // A default stream's handle names the current context's stream: none without a context.
+  if (reinterpret_cast<std::uintptr_t>(s) <= 2) {
+    if (CUresult r = need_context()) return r;
+  }
   if (!any_capture()) {
     *status = CU_STREAM_CAPTURE_STATUS_NONE;
     return CUDA_SUCCESS;

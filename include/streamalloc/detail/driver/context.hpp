@@ -62,7 +62,9 @@ inline int& default_stream_device() noexcept {
   return device;
 }
 
-/// Sets default_stream_device for a scope, then restores it.
+/// Sets default_stream_device for a scope, then restores it. The scope covers whatever runs
+/// inside the call, callbacks included (a pool's out-of-memory handler): a default stream they
+/// name on a thread with no context is the scope's device's too.
 class default_stream_device_scope {
  public:
   explicit default_stream_device_scope(int device) noexcept : saved_(default_stream_device()) {
