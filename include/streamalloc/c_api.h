@@ -49,8 +49,10 @@ STREAMALLOC_C_EXPORT int streamalloc_version(void);
 STREAMALLOC_C_EXPORT void* streamalloc_malloc(size_t size, int device, streamalloc_stream stream);
 
 /**
- * Frees `ptr` in the order of `stream`. `size` and `device` are the allocation's (accepted for
- * PyTorch's signature; the pool knows both). NULL is ignored. A pointer that is no live
+ * Frees `ptr` in the order of `stream`. `size` and `device` are the allocation's (PyTorch's
+ * signature). `size` is not needed; `device` only says where to look first (that device's
+ * default pool, when no other is current there): a pointer is found by its address whatever
+ * device is named. NULL is ignored. A pointer that is no live
  * allocation of a streamalloc pool (foreign, interior, freed already) changes nothing: the
  * error is written to standard error and kept for streamalloc_last_error().
  */
