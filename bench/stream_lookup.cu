@@ -8,7 +8,8 @@
 // cuStreamGetId while another thread captures a stream in global mode, without first
 // switching itself to relaxed mode? (If the call were refused there, it would also invalidate
 // that other thread's capture.) And what the calls a pool makes on a `stream` it settles
-// (idle query, event record) do to a capture another thread has begun on that stream.
+// (idle query, event record) do to a capture another thread has begun on that stream, and
+// what each question about the legacy default stream does to a blocking stream's capture.
 //
 //   bench_stream_lookup [--json FILE]
 
@@ -174,6 +175,44 @@ std::string call_during_others_capture(cudaStreamCaptureMode mode, bool relaxed,
   cudaStreamDestroy(captured);
   return result_name(r) + ", the capture: " + cudaGetErrorName(end);
 }
+
+/// A blocking stream captured in `mode`, by this thread or another, and one question about the
+/// legacy default stream asked meanwhile by this thread in its default mode: is it capturing
+/// (call 0), its id (call 1), its capture in full (call 2). The legacy stream cannot be captured, but work on it would join a
+/// blocking stream's capture implicitly, which CUDA forbids. Says what the question and the
+/// capture's end returned: whether asking alone breaks the capture, and whether the id
+/// question refuses as the capture one does (what a pool may skip for that stream).
+std::string legacy_question_during_capture(cudaStreamCaptureMode mode, bool same_thread, int call) {
+  cudaStream_t blocking;
+  BENCH_CHECK(cudaStreamCreate(&blocking));
+  CUresult r = CUDA_SUCCESS;
+  auto ask = [&] {
+    if (call == 0) {
+      CUstreamCaptureStatus st;
+      r = cu::cuStreamIsCapturing_nothrow(CU_STREAM_LEGACY, &st);
+    } else if (call == 2) {
+      CUstreamCaptureStatus st;
+      cuuint64_t capture_id = 0;
+      r = cu::cuStreamGetCaptureInfo_nothrow(CU_STREAM_LEGACY, &st, &capture_id, nullptr, nullptr, nullptr, nullptr);
+    } else {
+      unsigned long long id = 0;
+      r = cu::cuStreamGetId_nothrow(CU_STREAM_LEGACY, &id);
+    }
+  };
+  cudaError_t end = cudaSuccess;
+  if (same_thread) {
+    BENCH_CHECK(cudaStreamBeginCapture(blocking, mode));
+    ask();
+    cudaGraph_t g = nullptr;
+    end = cudaStreamEndCapture(blocking, &g);
+    if (g != nullptr) cudaGraphDestroy(g);
+    (void)cudaGetLastError();
+  } else {
+    end = during_capture_on_another_thread(blocking, mode, ask);
+  }
+  cudaStreamDestroy(blocking);
+  return result_name(r) + ", the capture: " + cudaGetErrorName(end);
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -219,6 +258,14 @@ int main(int argc, char** argv) {
         unsigned long long id;
         (void)cu::cuStreamGetId_nothrow(raw, &id);
       }));
+  row("cuStreamIsCapturing, the legacy default stream", ns_per(n, [&] {
+        CUstreamCaptureStatus st;
+        (void)cu::cuStreamIsCapturing_nothrow(CU_STREAM_LEGACY, &st);
+      }));
+  row("cuStreamGetId, the legacy default stream", ns_per(n, [&] {
+        unsigned long long id;
+        (void)cu::cuStreamGetId_nothrow(CU_STREAM_LEGACY, &id);
+      }));
   row("resolve_stream (a raw handle's record, whole)",
       ns_per(n, [&] { (void)&streamalloc::detail::resolve_stream(raw); }));
   row("resolve_uncaptured_stream (the pools' calls, after the capture check)",
@@ -232,6 +279,10 @@ int main(int argc, char** argv) {
   const double pair_raw = ns_per(n, [&] { p.deallocate(p.allocate(4096, by_handle), by_handle); });
   row("allocate + free 4 KiB, a stream", pair_stream);
   row("allocate + free 4 KiB, a raw handle", pair_raw);
+  const streamalloc::stream_ref legacy = streamalloc::stream_ref::legacy_default();
+  row("allocate + free 4 KiB, the legacy default stream",
+      ns_per(n, [&] { p.deallocate(p.allocate(4096, legacy), legacy); }));
+
   const double async = ns_per(n / 4, [&] {
     void* q;
     BENCH_CHECK(cudaMallocAsync(&q, 4096, raw));
@@ -301,6 +352,19 @@ int main(int argc, char** argv) {
         const std::string what = std::string(modes[m]) + " capture, " + (relaxed ? "relaxed " : "default ") + calls[c];
         std::printf("  %-48s %s\n", what.c_str(), answer.c_str());
         rows.add("call_during_others_capture: " + what, "\"answer\": \"" + answer + "\"");
+      }
+    }
+  }
+  std::printf("\nthe legacy default stream asked, in this thread's default mode, while a blocking stream is captured\n");
+  static const char* legacy_calls[] = {"cuStreamIsCapturing", "cuStreamGetId", "cuStreamGetCaptureInfo"};
+  for (int m = 0; m < 3; ++m) {
+    for (const bool same_thread : {false, true}) {
+      for (int c = 0; c < 3; ++c) {
+        const std::string answer = legacy_question_during_capture(mode_of[m], same_thread, c);
+        const std::string what = std::string(modes[m]) + " capture by " + (same_thread ? "this thread, " : "another thread, ") +
+                                 legacy_calls[c];
+        std::printf("  %-58s %s\n", what.c_str(), answer.c_str());
+        rows.add("legacy_question_during_capture: " + what, "\"answer\": \"" + answer + "\"");
       }
     }
   }

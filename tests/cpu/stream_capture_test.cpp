@@ -146,6 +146,28 @@ TEST_CASE("the legacy stream while a blocking stream captures: event records and
   CHECK(end_capture_of(handle(blocking)) == CUDA_SUCCESS);  // still whole
 }
 
+TEST_CASE("the legacy stream identified while a blocking stream captures: refused, and the capture stays whole") {
+  // CUDA refuses the legacy stream's id then, and that question (unlike the capture question)
+  // invalidates the capture, in every mode (the fake does as the H200 did): streamalloc asks
+  // the capture question first and refuses on its answer.
+  for (const CUstreamCaptureMode mode :
+       {CU_STREAM_CAPTURE_MODE_GLOBAL, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL, CU_STREAM_CAPTURE_MODE_RELAXED}) {
+    CAPTURE(static_cast<int>(mode));
+    stream blocking(0, stream_flags::blocking);
+    REQUIRE(cu::cuStreamBeginCapture_nothrow(handle(blocking), mode) == CUDA_SUCCESS);
+    const stream_ref legacy = stream_ref::legacy_default();
+    CHECK_THROWS_WITH_AS((void)legacy.resolved(), doctest::Contains("legacy default stream was used"), cuda_error);
+    CHECK_THROWS_WITH_AS((void)legacy.id(), doctest::Contains("legacy default stream was used"), cuda_error);
+    CHECK_THROWS_WITH_AS(stream_buffer<int>(16, legacy), doctest::Contains("legacy default stream was used"),
+                         cuda_error);
+    CHECK(end_capture_of(handle(blocking)) == CUDA_SUCCESS);
+    // Once the capture is over, the same calls are served.
+    CHECK(legacy.resolved().known_record() != nullptr);
+    stream_buffer<int> after(16, legacy);
+    CHECK(after.size() == 16);
+  }
+}
+
 }  // TEST_SUITE
 
 // A host wait on an event proves the record it waited for. The driver waits for the record

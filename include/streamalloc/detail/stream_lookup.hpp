@@ -7,6 +7,7 @@
 // and the events on it.
 
 #include <streamalloc/detail/core/ordering.hpp>
+#include <streamalloc/detail/driver/capture.hpp>
 #include <streamalloc/detail/driver/context.hpp>
 #include <streamalloc/detail/driver/driver_api.hpp>
 #include <streamalloc/error.hpp>
@@ -58,7 +59,21 @@ inline CUstream explicit_handle(CUstream s) noexcept {
                      "possible for the per-thread default stream, whose handle names each thread's own), or use a "
                      "streamalloc::stream, whose identity travels with it");
   }
+  if (r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT) throw_capture_problem(r, CU_STREAM_CAPTURE_STATUS_NONE, "cuStreamGetId");
   throw_driver_failure(r, "cuStreamGetId", "identifying a stream");
+}
+
+/// Refuses the legacy default stream while a blocking stream of its context is being captured
+/// (work on it would join that capture implicitly, which CUDA forbids), by asking whether it
+/// is capturing: CUDA refuses that question and the id question alike then
+/// (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT), but the id question also invalidates the capture, in
+/// every capture mode, asked from the capturing thread or another, where the capture question
+/// leaves it whole (bench_stream_lookup, one H200, 2026-11-29). So the capture question
+/// comes first wherever the legacy stream's id is asked.
+inline void refuse_legacy_during_capture(CUstream s, const char* caller) {
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  const CUresult r = cu::cuStreamIsCapturing_nothrow(s, &status);
+  if (r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT) throw_capture_problem(r, status, caller);
 }
 
 /// The id of the stream a raw handle names now (one driver call; a handle value is no
@@ -81,9 +96,11 @@ inline std::uint64_t uncaptured_stream_id_of(CUstream s) {
 
 /// As uncaptured_stream_id_of, in relaxed capture mode: where this thread captures in global
 /// mode, a refused call would otherwise invalidate that capture. A capturing stream is still
-/// refused (a clear cuda_error).
+/// refused (a clear cuda_error), and so is the legacy default stream while a blocking stream
+/// captures, without breaking that capture (refuse_legacy_during_capture).
 inline std::uint64_t stream_id_of(CUstream s) {
   const relaxed_capture_mode relaxed;
+  if (is_legacy_handle(s)) refuse_legacy_during_capture(s, "identifying the legacy default stream");
   return uncaptured_stream_id_of(s);
 }
 

@@ -63,6 +63,8 @@ inline capture_info capture_of(CUstream s, const char* caller) {
   CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
   const CUresult r = cu::cuStreamIsCapturing_nothrow(s, &status);
   if (r == CUDA_SUCCESS && status == CU_STREAM_CAPTURE_STATUS_NONE) [[likely]] return {};
+  // The legacy stream while a blocking stream captures: refused here, not asked again.
+  if (r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT) throw_capture_problem(r, status, caller);
   return capture_in_full(s, caller);
 }
 
@@ -75,6 +77,7 @@ inline bool is_capturing(CUstream s, const char* caller) {
   CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
   const CUresult r = cu::cuStreamIsCapturing_nothrow(s, &status);
   if (r == CUDA_SUCCESS) [[likely]] return status != CU_STREAM_CAPTURE_STATUS_NONE;
+  if (r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT) throw_capture_problem(r, status, caller);
   return capture_in_full(s, caller).id != 0;  // throws unless it was a context missing
 }
 
