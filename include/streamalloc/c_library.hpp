@@ -76,12 +76,9 @@ inline void* c_allocate(size_t size, int device, streamalloc_stream s) {
 /// the safe way to it. A pointer no pool holds is refused there.
 inline void c_deallocate(void* p, int device, streamalloc_stream s) {
   const default_stream_device_scope scope(device);
-  if (device >= 0 && device < max_devices && current_pools()[device].load(std::memory_order_acquire) == nullptr) {
-    pool* d = default_pools()[device].load(std::memory_order_acquire);
-    if (d != nullptr && d->owns(p)) {
-      d->deallocate(p, c_stream(s));
-      return;
-    }
+  if (pool* d = current_default_pool(device); d != nullptr && d->owns(p)) {
+    d->deallocate(p, c_stream(s));
+    return;
   }
   streamalloc::deallocate(p, c_stream(s));
 }

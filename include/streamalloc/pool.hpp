@@ -517,6 +517,14 @@ inline std::array<std::atomic<pool*>, max_devices>& default_pools() {
   static std::array<std::atomic<pool*>, max_devices> defaults{};
   return defaults;
 }
+/// Device `device`'s default pool when it is the current pool (none set) and has been made,
+/// else null; current_pool's rule without making the pool. Never destroyed, so usable without
+/// the directory's lock, where a pool set current may be closed by another thread meanwhile.
+inline pool* current_default_pool(int device) noexcept {
+  if (device < 0 || device >= max_devices) return nullptr;
+  if (current_pools()[device].load(std::memory_order_acquire) != nullptr) return nullptr;
+  return default_pools()[device].load(std::memory_order_acquire);
+}
 }  // namespace detail
 
 /**
