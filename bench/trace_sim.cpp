@@ -58,13 +58,28 @@ bool device_idle = true;
 // operations is busy. A host running ahead of its GPU, as a training loop does between its
 // synchronizations; the whole-run traces have no step marks for --device steps to use.
 std::size_t device_lag = 0;
-// --evict BYTES: the warm passes write over BYTES before each operation and time the
-// operations alone: the pool's cost with the CPU's caches taken by other work, as the kernel
-// launches between a PyTorch step's allocations take them (bench/timed_streamalloc.cpp
-// measures the same in the real process).
+// --evict BYTES (or with KiB, MiB, GiB: 512KiB): the warm passes write over BYTES before each
+// operation and time the operations alone: the pool's cost with the CPU's caches taken by
+// other work, as the kernel launches between a PyTorch step's allocations take them
+// (bench/timed_streamalloc.cpp measures the same in the real process).
 std::size_t evict_bytes = 0;
 // --streams pytorch: streams as PyTorch hands them to streamalloc (see simulate).
 bool pytorch_streams = false;
+
+/// A byte count: digits, optionally followed by KiB, MiB or GiB. False for anything else
+/// ("1MiB" once read as 1 byte).
+bool parse_bytes(const char* text, std::size_t& out) {
+  char* end = nullptr;
+  const unsigned long long n = std::strtoull(text, &end, 10);
+  if (end == text) return false;
+  unsigned shift = 0;
+  if (!std::strcmp(end, "KiB")) shift = 10;
+  else if (!std::strcmp(end, "MiB")) shift = 20;
+  else if (!std::strcmp(end, "GiB")) shift = 30;
+  else if (*end != '\0') return false;
+  out = static_cast<std::size_t>(n) << shift;
+  return true;
+}
 
 /// The index of the operation after which the live bytes peak.
 std::size_t peak_op(const std::vector<bench::recorded_op>& ops) {
@@ -339,10 +354,9 @@ int main(int argc, char** argv) {
       ++i;
     } else if (!std::strcmp(argv[i], "--streams") && i + 1 < argc && !std::strcmp(argv[i + 1], "kept")) {
       ++i;
-    } else if (!std::strcmp(argv[i], "--evict") && i + 1 < argc) {
-      evict_bytes = std::strtoull(argv[++i], nullptr, 10);
-    }
-    else {
+    } else if (!std::strcmp(argv[i], "--evict") && i + 1 < argc && parse_bytes(argv[i + 1], evict_bytes)) {
+      ++i;
+    } else {
       std::fprintf(stderr, "usage: bench_trace_sim [--live-gib N] [--steps N] | --trace FILE|DIR [--trace ...] [--snapshots DIR [--snapshot-at N]]\n"
                    "                       [--device idle|steps|lag N] [--streams kept|pytorch] [--evict BYTES]\n");
       return 2;
