@@ -130,6 +130,7 @@ void warm_passes(Pool& pool, streamalloc_test::sim_device& dev, const std::vecto
     std::uint64_t records, queries, idle, waits, creates;
   };
   auto count = [&] { return calls{dev.event_records, dev.event_queries, dev.idle_queries, dev.event_waits, dev.creates}; };
+  const std::uint64_t remapped_before = pool.statistics().remapped_chunks;
   std::vector<double> ns;
   calls before{}, after{};
   std::vector<unsigned char> evicted(evict_bytes);
@@ -182,6 +183,8 @@ void warm_passes(Pool& pool, streamalloc_test::sim_device& dev, const std::vecto
               ns[ns.size() / 2], double(after.records - before.records) / n, double(after.queries - before.queries) / n,
               double(after.idle - before.idle) / n, double(after.waits - before.waits) / n,
               double(after.creates - before.creates) / n);
+  std::printf("  chunks remapped in the 5 warm passes: %llu\n",
+              static_cast<unsigned long long>(pool.statistics().remapped_chunks - remapped_before));
 }
 
 /// Replays `ops` (ids dense from 0) through a fresh pool core per chunk size and prints a row
