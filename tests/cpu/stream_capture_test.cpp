@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <string>
+#include <thread>
 
 using namespace streamalloc;
 namespace cu = streamalloc::detail::cu;
@@ -160,6 +161,10 @@ TEST_CASE("the legacy stream identified while a blocking stream captures: refuse
     CHECK_THROWS_WITH_AS((void)legacy.id(), doctest::Contains("legacy default stream was used"), cuda_error);
     CHECK_THROWS_WITH_AS(stream_buffer<int>(16, legacy), doctest::Contains("legacy default stream was used"),
                          cuda_error);
+    // From a thread with no context yet: asked in the context the id question would use.
+    std::string from_new_thread;
+    std::thread([&] { from_new_thread = message_of([&] { (void)legacy.resolved(); }); }).join();
+    CHECK(contains(from_new_thread, "legacy default stream was used"));
     CHECK(end_capture_of(handle(blocking)) == CUDA_SUCCESS);
     // Once the capture is over, the same calls are served.
     CHECK(legacy.resolved().known_record() != nullptr);

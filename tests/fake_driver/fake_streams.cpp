@@ -189,7 +189,7 @@ CUresult fake_cuStreamGetId(CUstream s, unsigned long long* id) {
     // The legacy stream while a blocking stream of the context captures: refused, and the
     // capture invalidated, in every capture mode and from any thread, where cuStreamIsCapturing
     // is refused alone (bench_stream_lookup, one H200, 2026-11-29).
-    if (s != CU_STREAM_PER_THREAD && any_capture()) {
+    if (any_capture()) {
       std::lock_guard lock(S().m);
       if (legacy_conflicts_locked(current_context, true)) return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
     }

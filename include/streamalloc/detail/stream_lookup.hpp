@@ -59,7 +59,9 @@ inline CUstream explicit_handle(CUstream s) noexcept {
                      "possible for the per-thread default stream, whose handle names each thread's own), or use a "
                      "streamalloc::stream, whose identity travels with it");
   }
-  if (r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT) throw_capture_problem(r, CU_STREAM_CAPTURE_STATUS_NONE, "cuStreamGetId");
+  if (r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT) {
+    throw_capture_problem(r, CU_STREAM_CAPTURE_STATUS_NONE, "identifying a stream", "cuStreamGetId");
+  }
   throw_driver_failure(r, "cuStreamGetId", "identifying a stream");
 }
 
@@ -69,12 +71,9 @@ inline CUstream explicit_handle(CUstream s) noexcept {
 /// (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT), but the id question also invalidates the capture, in
 /// every capture mode, asked from the capturing thread or another, where the capture question
 /// leaves it whole (bench_stream_lookup, one H200, 2026-11-29). So the capture question
-/// comes first wherever the legacy stream's id is asked.
-inline void refuse_legacy_during_capture(CUstream s, const char* caller) {
-  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
-  const CUresult r = cu::cuStreamIsCapturing_nothrow(s, &status);
-  if (r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT) throw_capture_problem(r, status, caller);
-}
+/// comes first wherever the legacy stream's id is asked; from a thread with no context, in the
+/// context the id question would then make current (is_capturing).
+inline void refuse_legacy_during_capture(CUstream s, const char* caller) { (void)is_capturing(s, caller); }
 
 /// The id of the stream a raw handle names now (one driver call; a handle value is no
 /// identity: CUDA gives a destroyed stream's handle to the next stream made). For a stream

@@ -20,21 +20,23 @@ struct capture_info {
   CUgraph graph = nullptr;
 };
 
+/// `call`: the driver call that answered `r`.
 [[noreturn]] STREAMALLOC_COLD inline void throw_capture_problem(CUresult r, CUstreamCaptureStatus status,
-                                                               const char* caller) {
+                                                               const char* caller,
+                                                               const char* call = "cuStreamGetCaptureInfo") {
   const std::string who = std::string(caller) + ": ";
   if (r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT) {
-    throw cuda_error(r, "cuStreamGetCaptureInfo",
+    throw cuda_error(r, call,
                      who + "the legacy default stream was used while a blocking stream of its device is being "
                            "captured into a graph: its work would join the capture implicitly, which CUDA forbids. "
                            "Use the capturing stream, or a non-blocking stream");
   }
   if (r == CUDA_SUCCESS && status == CU_STREAM_CAPTURE_STATUS_INVALIDATED) {
-    throw cuda_error(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, "cuStreamGetCaptureInfo",
+    throw cuda_error(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, call,
                      who + "the stream's capture was invalidated by an earlier error; end the capture "
                            "(cudaStreamEndCapture reports the error) before using the stream");
   }
-  throw_driver_failure(r, "cuStreamGetCaptureInfo", who + "asking whether the stream is being captured");
+  throw_driver_failure(r, call, who + "asking whether the stream is being captured");
 }
 
 /// The capture `s` is in, asked in full (cuStreamGetCaptureInfo), once cuStreamIsCapturing
@@ -64,7 +66,7 @@ inline capture_info capture_of(CUstream s, const char* caller) {
   const CUresult r = cu::cuStreamIsCapturing_nothrow(s, &status);
   if (r == CUDA_SUCCESS && status == CU_STREAM_CAPTURE_STATUS_NONE) [[likely]] return {};
   // The legacy stream while a blocking stream captures: refused here, not asked again.
-  if (r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT) throw_capture_problem(r, status, caller);
+  if (r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT) throw_capture_problem(r, status, caller, "cuStreamIsCapturing");
   return capture_in_full(s, caller);
 }
 
@@ -77,7 +79,7 @@ inline bool is_capturing(CUstream s, const char* caller) {
   CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
   const CUresult r = cu::cuStreamIsCapturing_nothrow(s, &status);
   if (r == CUDA_SUCCESS) [[likely]] return status != CU_STREAM_CAPTURE_STATUS_NONE;
-  if (r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT) throw_capture_problem(r, status, caller);
+  if (r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT) throw_capture_problem(r, status, caller, "cuStreamIsCapturing");
   return capture_in_full(s, caller).id != 0;  // throws unless it was a context missing
 }
 
