@@ -11,7 +11,7 @@
 //
 //   bench_trace_sim [--live-gib N] [--steps N]
 //   bench_trace_sim --trace FILE|DIR [--trace FILE|DIR ...] [--snapshots DIR [--snapshot-at N]]
-//                   [--device idle|steps|lag N] [--streams kept|pytorch] [--evict BYTES]
+//                   [--device idle|steps|lag N] [--streams kept|pytorch] [--evict BYTES[KiB|MiB|GiB]]
 //
 // --snapshots writes, for each trace, the default pool's snapshot (pool::snapshot's JSON, with
 // the history of every event up to then) taken when the trace's live bytes peak, to
@@ -27,10 +27,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <fstream>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -67,16 +69,19 @@ std::size_t evict_bytes = 0;
 bool pytorch_streams = false;
 
 /// A byte count: digits, optionally followed by KiB, MiB or GiB. False for anything else
-/// ("1MiB" once read as 1 byte).
+/// ("1MiB" once read as 1 byte; a sign, which strtoull would take; a count that overflows).
 bool parse_bytes(const char* text, std::size_t& out) {
+  if (*text < '0' || *text > '9') return false;
+  errno = 0;
   char* end = nullptr;
   const unsigned long long n = std::strtoull(text, &end, 10);
-  if (end == text) return false;
+  if (errno == ERANGE) return false;
   unsigned shift = 0;
   if (!std::strcmp(end, "KiB")) shift = 10;
   else if (!std::strcmp(end, "MiB")) shift = 20;
   else if (!std::strcmp(end, "GiB")) shift = 30;
   else if (*end != '\0') return false;
+  if (n > (std::numeric_limits<std::size_t>::max() >> shift)) return false;
   out = static_cast<std::size_t>(n) << shift;
   return true;
 }
@@ -361,7 +366,7 @@ int main(int argc, char** argv) {
       ++i;
     } else {
       std::fprintf(stderr, "usage: bench_trace_sim [--live-gib N] [--steps N] | --trace FILE|DIR [--trace ...] [--snapshots DIR [--snapshot-at N]]\n"
-                   "                       [--device idle|steps|lag N] [--streams kept|pytorch] [--evict BYTES]\n");
+                   "                       [--device idle|steps|lag N] [--streams kept|pytorch] [--evict BYTES[KiB|MiB|GiB]]\n");
       return 2;
     }
   }
