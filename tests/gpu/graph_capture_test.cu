@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cstdint>
 #include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -358,6 +359,15 @@ TEST_CASE("bad frees and bad streams under capture are refused, naming what was 
                        doctest::Contains("legacy default stream was used"), cuda_error);
   CHECK_THROWS_WITH_AS((void)stream_ref::legacy_default().resolved(),
                        doctest::Contains("legacy default stream was used"), cuda_error);
+  bool refused_elsewhere = false;  // from a thread with no context yet, as well
+  std::thread([&] {
+    try {
+      (void)stream_ref::legacy_default().resolved();
+    } catch (const cuda_error& e) {
+      refused_elsewhere = std::string(e.what()).find("legacy default stream was used") != std::string::npos;
+    }
+  }).join();
+  CHECK(refused_elsewhere);
   cudaGraph_t ended = nullptr;
   CHECK(cudaStreamEndCapture(blocking.get(), &ended) == cudaSuccess);
   (void)cudaGetLastError();
