@@ -1,4 +1,5 @@
-// The public pool against the fake driver across streams, threads and lifetimes: frees reused
+// The public pool against the fake driver across streams, threads and lifetimes: the driver
+// calls a warm two-stream loop makes (one capture question a call); frees reused
 // on another stream once an event orders it after them; what the library keeps per stream
 // (records, clock entries) returning to its start once streams, raw streams and ended threads'
 // per-thread default streams go; threads allocating at once, with trims beside them (for
@@ -25,6 +26,50 @@
 #include <vector>
 
 TEST_SUITE("pool") {
+  TEST_CASE("a warm two-stream training loop asks the driver one question a call and makes no other stream call") {
+    // A step as a training step with a side stream makes them: many sizes on the main stream,
+    // a few on the side stream, handed to the main stream through an event and freed there.
+    pool p;
+    stream main_stream, side;
+    event handed;
+    std::vector<void*> a, b;
+    long long calls = 0;  // pool calls, and streamalloc's event record and wait
+    auto step = [&] {
+      for (std::size_t i = 0; i < 40; ++i) a.push_back(p.allocate((i % 7 + 1) * 256 * 1024 + i * 4096, main_stream));
+      for (std::size_t i = 0; i < 8; ++i) b.push_back(p.allocate((i % 3 + 1) * MiB, side));
+      handed.record(side);
+      (void)main_stream.ref().wait(handed);
+      for (void* x : b) p.deallocate(x, main_stream);
+      for (auto it = a.rbegin(); it != a.rend(); ++it) p.deallocate(*it, main_stream);
+      calls += static_cast<long long>(2 * (a.size() + b.size())) + 2;
+      a.clear();
+      b.clear();
+    };
+    for (int i = 0; i < 5; ++i) step();  // warm: the pool has grown to what a step needs
+    const std::uint64_t grows = p.statistics().grows;
+    calls = 0;
+    const auto before = streamalloc_test::fake_stream_calls();
+    for (int i = 0; i < 20; ++i) step();
+    const auto after = streamalloc_test::fake_stream_calls();
+    const long long steps = 20, questions = after.capture_questions - before.capture_questions;
+    INFO("capture questions ", questions, " for ", calls, " calls; stream ids ", after.stream_ids - before.stream_ids,
+         ", stream queries ", after.stream_queries - before.stream_queries, ", event records ",
+         after.event_records - before.event_records, ", event queries ", after.event_queries - before.event_queries,
+         ", stream waits ", after.stream_waits - before.stream_waits);
+    CHECK(p.statistics().grows == grows);
+    // One capture question a call (2,020 for 1,960 when written: the rest are the pool's own
+    // before it records on a stream, a few a step), and no stream's id: a `stream` carries it.
+    CHECK(questions >= calls);
+    CHECK(questions <= calls + 4 * steps);
+    CHECK(after.stream_ids - before.stream_ids == 0);
+    // Beyond the step's own record and wait, the pool's events a step, not a call (one record
+    // and one query a step when written): no event or query per free.
+    CHECK(after.event_records - before.event_records - steps <= 2 * steps);
+    CHECK(after.event_queries - before.event_queries <= 2 * steps);
+    CHECK(after.stream_queries - before.stream_queries <= steps);
+    CHECK(after.stream_waits - before.stream_waits == steps);  // the step's own: the pool waited on nothing
+  }
+
   TEST_CASE("follow_event_dependencies through streamalloc's events") {
     pool_properties props;
     props.chunk_size = 2 * MiB;

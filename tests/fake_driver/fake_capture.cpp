@@ -128,9 +128,9 @@ CUresult fake_cuStreamEndCapture(CUstream s, CUgraph* graph_out) {
 // The nodes a capture would hang the next one on are not modelled: an active capture reports
 // no dependencies. Out-parameters other than the status are written only for an active capture,
 // the only case in which the driver promises them.
-CUresult fake_cuStreamGetCaptureInfo(CUstream s, CUstreamCaptureStatus* status, cuuint64_t* id,
-                                     CUgraph* graph, const CUgraphNode** dependencies,
-                                     const CUgraphEdgeData** edge_data, std::size_t* dependency_count) {
+CUresult capture_info_of(CUstream s, CUstreamCaptureStatus* status, cuuint64_t* id, CUgraph* graph,
+                         const CUgraphNode** dependencies, const CUgraphEdgeData** edge_data,
+                         std::size_t* dependency_count) {
   if (status == nullptr || (edge_data != nullptr && dependencies == nullptr)) return CUDA_ERROR_INVALID_VALUE;
   if (CUresult r = need_init()) return r;
   // A default stream's handle names the current context's stream: none without a context.
@@ -166,8 +166,17 @@ CUresult fake_cuStreamGetCaptureInfo(CUstream s, CUstreamCaptureStatus* status, 
   return CUDA_SUCCESS;
 }
 
+// The two entry points count as the caller's capture questions (stream_calls); the fake's own
+// questions go to capture_info_of directly.
+CUresult fake_cuStreamGetCaptureInfo(CUstream s, CUstreamCaptureStatus* status, cuuint64_t* id,
+                                     CUgraph* graph, const CUgraphNode** dependencies,
+                                     const CUgraphEdgeData** edge_data, std::size_t* dependency_count) {
+  ++stream_calls.capture_questions;
+  return capture_info_of(s, status, id, graph, dependencies, edge_data, dependency_count);
+}
 CUresult fake_cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus* status) {
-  return fake_cuStreamGetCaptureInfo(s, status, nullptr, nullptr, nullptr, nullptr, nullptr);
+  ++stream_calls.capture_questions;
+  return capture_info_of(s, status, nullptr, nullptr, nullptr, nullptr, nullptr);
 }
 
 // The calling thread's calls, for the tests that check when streamalloc switches modes

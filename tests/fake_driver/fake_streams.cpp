@@ -166,13 +166,13 @@ CUresult fake_cuStreamDestroy(CUstream s) {
   --live_streams;
   return CUDA_SUCCESS;
 }
-CUresult fake_cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus* status);
 CUresult fake_cuStreamGetId(CUstream s, unsigned long long* id) {
+  ++stream_calls.stream_ids;
   const auto v = reinterpret_cast<std::uintptr_t>(s);
   if (v <= 2) {  // the default streams of the current context: other streams in each context
     if (CUresult r = need_context()) return r;
     CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
-    if (s == CU_STREAM_PER_THREAD && fake_cuStreamIsCapturing(s, &status) == CUDA_SUCCESS &&
+    if (s == CU_STREAM_PER_THREAD && capture_info_of(s, &status) == CUDA_SUCCESS &&
         status != CU_STREAM_CAPTURE_STATUS_NONE) {
       return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;  // as for any capturing stream (below)
     }
@@ -198,7 +198,7 @@ CUresult fake_cuStreamGetId(CUstream s, unsigned long long* id) {
   }
   // As measured on the H100 (driver 580): refused for a capturing stream, in every mode.
   CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
-  if (fake_cuStreamIsCapturing(s, &status) == CUDA_SUCCESS && status != CU_STREAM_CAPTURE_STATUS_NONE) {
+  if (capture_info_of(s, &status) == CUDA_SUCCESS && status != CU_STREAM_CAPTURE_STATUS_NONE) {
     return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   }
   *id = reinterpret_cast<fake_stream*>(s)->id;
@@ -243,6 +243,7 @@ std::atomic<void (*)(void*)> next_stream_query_hook{nullptr};
 std::atomic<void*> next_stream_query_arg{nullptr};
 
 CUresult fake_cuStreamQuery(CUstream s) {
+  ++stream_calls.stream_queries;
   if (auto* hook = next_stream_query_hook.exchange(nullptr)) hook(next_stream_query_arg.load());
   const CUresult r = host_waits_for_stream(s);
   return r == CUDA_SUCCESS && hold_of(view_of(s).stream_key) != 0 ? CUDA_ERROR_NOT_READY : r;
@@ -286,6 +287,7 @@ std::atomic<void (*)(void*)> next_event_record_hook{nullptr};
 std::atomic<void*> next_event_record_arg{nullptr};
 
 CUresult fake_cuEventRecord(CUevent e, CUstream s) {
+  ++stream_calls.event_records;
   if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   fake_event& ev = event_of(e);
   {
@@ -320,6 +322,7 @@ CUresult fake_cuEventRecord(CUevent e, CUstream s) {
 // recorded in capture C becomes part of C (a fork); a capturing stream may wait only on events
 // of its own capture, or on one never recorded (an empty set of work).
 CUresult fake_cuStreamWaitEvent(CUstream s, CUevent e, unsigned flags) {
+  ++stream_calls.stream_waits;
   if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   if ((flags & ~unsigned{CU_EVENT_WAIT_EXTERNAL}) != 0) return CUDA_ERROR_INVALID_VALUE;
   const cuuint64_t last = event_of(e).last_record.load();
@@ -385,6 +388,7 @@ bool event_held(CUevent e) {
   return key != nullptr && ev.last_record.load() == recorded_outside_capture && hold_of(key) == ev.hold.load();
 }
 CUresult fake_cuEventQuery(CUevent e) {
+  ++stream_calls.event_queries;
   const CUresult r = host_waits_for_event(e);
   return r == CUDA_SUCCESS && event_held(e) ? CUDA_ERROR_NOT_READY : r;
 }

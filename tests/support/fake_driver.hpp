@@ -103,6 +103,20 @@ inline long long fake_mode_exchanges() { return fake_hook<long long (*)()>("fake
 /// cuCtxGetCurrent calls the fake has had from the calling thread so far.
 inline long long fake_context_queries() { return fake_hook<long long (*)()>("fake_cuda_context_queries")(); }
 
+/// The calling thread's stream-ordered driver calls since the fake was loaded (fake_cuda_stream_calls
+/// there, field for field); tests compare differences.
+struct fake_stream_call_counts {
+  long long capture_questions;  // cuStreamIsCapturing and cuStreamGetCaptureInfo
+  long long stream_ids;         // cuStreamGetId
+  long long stream_queries;     // cuStreamQuery
+  long long event_records;      // cuEventRecord
+  long long event_queries;      // cuEventQuery
+  long long stream_waits;       // cuStreamWaitEvent
+};
+inline fake_stream_call_counts fake_stream_calls() {
+  return fake_hook<fake_stream_call_counts (*)()>("fake_cuda_stream_calls")();
+}
+
 /// Waits until every user-object destructor the fake has queued has run on its driver thread.
 inline void fake_quiesce() { fake_hook<void (*)()>("fake_cuda_quiesce")(); }
 
