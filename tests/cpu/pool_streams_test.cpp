@@ -26,7 +26,7 @@
 #include <vector>
 
 TEST_SUITE("pool") {
-  TEST_CASE("a warm two-stream training loop asks the driver one question a call and makes no other stream call") {
+  TEST_CASE("a warm two-stream training loop asks the driver one question a call and a few other stream calls a step") {
     // A step as a training step with a side stream makes them: many sizes on the main stream,
     // a few on the side stream, handed to the main stream through an event and freed there.
     pool p;
@@ -66,7 +66,7 @@ TEST_SUITE("pool") {
     // and one query a step when written): no event or query per free.
     CHECK(after.event_records - before.event_records - steps <= 2 * steps);
     CHECK(after.event_queries - before.event_queries <= 2 * steps);
-    CHECK(after.stream_queries - before.stream_queries <= steps);
+    CHECK(after.stream_queries - before.stream_queries <= steps);  // none when written
     CHECK(after.stream_waits - before.stream_waits == steps);  // the step's own: the pool waited on nothing
   }
 
