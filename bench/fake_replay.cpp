@@ -13,6 +13,7 @@
 #include <streamalloc/pool.hpp>
 #include <streamalloc/stream.hpp>
 
+#include "../tests/fake_driver/fake_stream_calls.hpp"
 #include "trace_file.hpp"
 
 #include <dlfcn.h>
@@ -23,11 +24,7 @@
 #include <vector>
 
 namespace {
-/// The fake driver's per-thread counts (fake_cuda_stream_calls in tests/fake_driver, field for
-/// field).
-struct stream_call_counts {
-  long long capture_questions, stream_ids, stream_queries, event_records, event_queries, stream_waits;
-};
+using stream_call_counts = fake_stream_call_counts;  // the fake's per-thread counts
 using counts_fn = stream_call_counts (*)();
 
 /// The fake's counter, when the driver streamalloc loaded is the fake; null otherwise.

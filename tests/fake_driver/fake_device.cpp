@@ -62,7 +62,7 @@ CUresult fake_cuDevicePrimaryCtxRetain(CUcontext* c, CUdevice d) {
 // The calling thread's cuCtxGetCurrent calls (fake_cuda_context_queries), per thread as
 // mode_exchanges.
 thread_local long long context_queries = 0;
-thread_local stream_call_counts stream_calls{};
+thread_local fake_stream_call_counts stream_calls{};
 
 CUresult fake_cuCtxGetCurrent(CUcontext* c) {
   ++context_queries;

@@ -202,7 +202,7 @@ __attribute__((visibility("default"))) long long fake_cuda_mode_exchanges() { re
 /// For the tests: the calling thread's cuCtxGetCurrent calls so far.
 __attribute__((visibility("default"))) long long fake_cuda_context_queries() { return context_queries; }
 /// For the tests: the calling thread's stream-ordered questions and calls so far.
-__attribute__((visibility("default"))) stream_call_counts fake_cuda_stream_calls() { return stream_calls; }
+__attribute__((visibility("default"))) fake_stream_call_counts fake_cuda_stream_calls() { return stream_calls; }
 
 /// For the tests: waits until every user-object destructor queued so far has run (the driver
 /// runs them asynchronously; this is the synchronization it does not offer).

@@ -7,6 +7,8 @@
 
 #pragma once
 
+#include "fake_stream_calls.hpp"
+
 #include <cuda.h>
 
 #include <atomic>
@@ -215,16 +217,8 @@ void destroy_graph_locked(std::map<CUgraph, fake_graph>::iterator g);
 extern thread_local long long mode_exchanges;
 extern thread_local long long context_queries;
 // The calling thread's stream-ordered questions and calls (fake_cuda_stream_calls), per thread
-// as mode_exchanges; the same fields as streamalloc_test::fake_stream_call_counts.
-struct stream_call_counts {
-  long long capture_questions;  // cuStreamIsCapturing and cuStreamGetCaptureInfo
-  long long stream_ids;         // cuStreamGetId
-  long long stream_queries;     // cuStreamQuery
-  long long event_records;      // cuEventRecord
-  long long event_queries;      // cuEventQuery
-  long long stream_waits;       // cuStreamWaitEvent
-};
-extern thread_local stream_call_counts stream_calls;
+// as mode_exchanges.
+extern thread_local fake_stream_call_counts stream_calls;
 // A stream's capture status (cuStreamGetCaptureInfo's answer) without counting a question.
 CUresult capture_info_of(CUstream s, CUstreamCaptureStatus* status, cuuint64_t* id = nullptr,
                          CUgraph* graph = nullptr, const CUgraphNode** dependencies = nullptr,

@@ -9,6 +9,8 @@
 
 #include <doctest/doctest.h>
 
+#include "../fake_driver/fake_stream_calls.hpp"
+
 #include <dlfcn.h>
 
 #include <chrono>
@@ -103,16 +105,9 @@ inline long long fake_mode_exchanges() { return fake_hook<long long (*)()>("fake
 /// cuCtxGetCurrent calls the fake has had from the calling thread so far.
 inline long long fake_context_queries() { return fake_hook<long long (*)()>("fake_cuda_context_queries")(); }
 
-/// The calling thread's stream-ordered driver calls since the fake was loaded (fake_cuda_stream_calls
-/// there, field for field); tests compare differences.
-struct fake_stream_call_counts {
-  long long capture_questions;  // cuStreamIsCapturing and cuStreamGetCaptureInfo
-  long long stream_ids;         // cuStreamGetId
-  long long stream_queries;     // cuStreamQuery
-  long long event_records;      // cuEventRecord
-  long long event_queries;      // cuEventQuery
-  long long stream_waits;       // cuStreamWaitEvent
-};
+/// The calling thread's stream-ordered driver calls since the fake was loaded
+/// (fake_cuda_stream_calls there); tests compare differences.
+using ::fake_stream_call_counts;
 inline fake_stream_call_counts fake_stream_calls() {
   return fake_hook<fake_stream_call_counts (*)()>("fake_cuda_stream_calls")();
 }
