@@ -1,7 +1,8 @@
 // How streamalloc's costs grow with the work, beside cudaMallocAsync in the same process:
 //   1. ring    a hand-off ring over N streams: allocate on s[i], record an event, s[i+1] waits
 //              on it, free on s[i+1]; ns per round at N = 2 .. 10,000, then split into the
-//              allocator's calls and the ordering calls
+//              allocator's calls and the ordering calls; 1b. the same ring at 2, 1,024 and
+//              10,000 streams timed in alternating blocks, for ratios within one stretch of time
 //   2. churn   streams made, used (allocate + free 4 KiB) and destroyed, one after another, a
 //              million of them: us per stream over each block of 1,000, the records streamalloc
 //              holds, and the host memory the process holds; then the driver's stream creation
@@ -79,9 +80,13 @@ double clock_read_ns() {
 void ring() {
   std::printf("\n1. hand-off ring: allocate 64 KiB on s[i], record, s[i+1] waits, free on s[i+1]: ns per round;\n"
               "   then the round split: allocate + free, and record + wait (timed call by call); and the\n"
-              "   driver's capture query that allocate and free each make, alone on the same two streams\n");
-  std::printf("%8s %12s %12s %10s %14s %14s %14s %14s %14s\n", "streams", "streamalloc", "MallocAsync", "ratio",
-              "ours a+f", "driver a+f", "ours rec+wait", "driver rec+w", "capture query");
+              "   driver's capture query that allocate and free each make, alone on the same two streams;\n"
+              "   last, the ring's ordering alone (record + wait, no allocation; untimed calls as in the\n"
+              "   round): through streamalloc's event and stream, and as raw cudaEventRecord +\n"
+              "   cudaStreamWaitEvent, the part of a round no allocator can remove\n");
+  std::printf("%8s %12s %12s %10s %14s %14s %14s %14s %14s %14s %14s\n", "streams", "streamalloc", "MallocAsync",
+              "ratio", "ours a+f", "driver a+f", "ours rec+wait", "driver rec+w", "capture query", "order alone",
+              "raw order");
   const double clock_ns = clock_read_ns();
   std::vector<int> sizes = {2, 16, 128, 1024};
   if (!quick) sizes.push_back(10000);  // thousands of streams alive at once, as servers keep
@@ -155,18 +160,105 @@ void ring() {
       (void)streamalloc::detail::capture_of(s[i].get(), "bench");
       (void)streamalloc::detail::capture_of(s[j].get(), "bench");
     });
-    std::printf("%8d %12.0f %12.0f %9.2fx %14.0f %14.0f %14.0f %14.0f %14.0f\n", n, ours, async, async / ours,
-                ours_split.alloc_free_ns, async_split.alloc_free_ns, ours_split.record_wait_ns,
-                async_split.record_wait_ns, query);
+    // The ordering alone, timed the same way as the rounds: what the round costs without its
+    // allocate and free. Through streamalloc it includes the ordering records' clocks; raw, it
+    // is the driver's record and wait and nothing else.
+    const double order_alone = time_rounds([&](int r) {
+      const int i = r % n, j = (i + 1) % n;
+      e[i].record(s[i]);
+      s[j].wait(e[i]);
+    });
+    const double raw_order = time_rounds([&](int r) {
+      const int i = r % n, j = (i + 1) % n;
+      BENCH_CHECK(cudaEventRecord(re[i], s[i].get()));
+      BENCH_CHECK(cudaStreamWaitEvent(s[j].get(), re[i], 0));
+    });
+    std::printf("%8d %12.0f %12.0f %9.2fx %14.0f %14.0f %14.0f %14.0f %14.0f %14.0f %14.0f\n", n, ours, async,
+                async / ours, ours_split.alloc_free_ns, async_split.alloc_free_ns, ours_split.record_wait_ns,
+                async_split.record_wait_ns, query, order_alone, raw_order);
     json_row("ring_" + std::to_string(n),
              "\"streams\": " + std::to_string(n) + ", \"streamalloc_ns\": " + std::to_string(ours) +
                  ", \"cudaMallocAsync_ns\": " + std::to_string(async) + ", \"streamalloc_alloc_free_ns\": " +
                  std::to_string(ours_split.alloc_free_ns) + ", \"cudaMallocAsync_alloc_free_ns\": " +
                  std::to_string(async_split.alloc_free_ns) + ", \"streamalloc_record_wait_ns\": " +
                  std::to_string(ours_split.record_wait_ns) + ", \"driver_record_wait_ns\": " +
-                 std::to_string(async_split.record_wait_ns) + ", \"capture_query_ns\": " + std::to_string(query));
+                 std::to_string(async_split.record_wait_ns) + ", \"capture_query_ns\": " + std::to_string(query) +
+                 ", \"streamalloc_order_alone_ns\": " + std::to_string(order_alone) +
+                 ", \"raw_order_alone_ns\": " + std::to_string(raw_order));
     for (auto& x : re) BENCH_CHECK(cudaEventDestroy(x));
     BENCH_CHECK(cudaMemPoolDestroy(dp));
+  }
+}
+
+// --- 1b. the ring's sizes in turn -------------------------------------------------------------
+
+// The ring's cost at 2 streams moves by up to 2x from one run to the next on the same machine
+// (every column at once, the driver's capture query included: the machine's speed, not the
+// allocator's), and section 1 times each size seconds apart. Here rings of 2, 1,024 and
+// 10,000 streams are built side by side and timed in alternating blocks of rounds, so that each
+// turn compares sizes timed within a fraction of a second of each other; the ratios the
+// targets ask for are the median of the turns' ratios.
+void ring_interleaved() {
+  const std::vector<int> sizes = quick ? std::vector<int>{2, 1024} : std::vector<int>{2, 1024, 10000};
+  const int turns = quick ? 5 : 11;
+  const int block = quick ? 4000 : 20000;  // 10,000 streams: each stream twice a block
+  std::printf("\n1b. the ring again, sizes timed in turn (%d turns; a block of %d rounds of each size per turn;\n"
+              "    a pool and streams of their own for each size): ns per round, and each turn's ratio\n"
+              "    to the 2-stream block of the same turn\n",
+              turns, block);
+  struct ring_setup {
+    int n;
+    streamalloc::pool pool{bench::kept()};
+    std::vector<streamalloc::stream> s;
+    std::vector<streamalloc::event> e;
+    int next = 0;
+    explicit ring_setup(int count) : n(count), e(count) {
+      s.reserve(count);
+      for (int i = 0; i < count; ++i) s.emplace_back(0);
+    }
+    void rounds(int count) {
+      for (int c = 0; c < count; ++c, next = (next + 1) % n) {
+        const int i = next, j = (next + 1) % n;
+        void* p = pool.allocate(64 * KiB, s[i]);
+        e[i].record(s[i]);
+        s[j].wait(e[i]);
+        pool.deallocate(p, s[j]);
+      }
+    }
+  };
+  std::vector<std::unique_ptr<ring_setup>> rings;
+  for (int n : sizes) {
+    rings.push_back(std::make_unique<ring_setup>(n));
+    rings.back()->rounds(2 * n + 1000);
+  }
+  BENCH_CHECK(cudaDeviceSynchronize());
+  std::vector<std::vector<double>> ns(sizes.size());
+  for (int t = 0; t < turns; ++t) {
+    for (std::size_t k = 0; k < rings.size(); ++k) {
+      BENCH_CHECK(cudaDeviceSynchronize());
+      const auto start = clk::now();
+      rings[k]->rounds(block);
+      ns[k].push_back(seconds_since(start) * 1e9 / block);
+    }
+  }
+  BENCH_CHECK(cudaDeviceSynchronize());
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  std::printf("%8s %10s %10s %10s %16s %16s\n", "streams", "median", "min", "max", "ratio to 2, med", "ratio min..max");
+  for (std::size_t k = 0; k < sizes.size(); ++k) {
+    std::vector<double> ratio;
+    for (int t = 0; t < turns; ++t) ratio.push_back(ns[k][t] / ns[0][t]);
+    const auto [lo, hi] = std::minmax_element(ns[k].begin(), ns[k].end());
+    const auto [rlo, rhi] = std::minmax_element(ratio.begin(), ratio.end());
+    std::printf("%8d %10.0f %10.0f %10.0f %15.2fx %9.2f..%.2f\n", sizes[k], median(ns[k]), *lo, *hi, median(ratio), *rlo,
+                *rhi);
+    std::string turns_json;
+    for (int t = 0; t < turns; ++t) turns_json += (t ? ", " : "") + std::to_string(ns[k][t]);
+    json_row("ring_interleaved_" + std::to_string(sizes[k]),
+             "\"streams\": " + std::to_string(sizes[k]) + ", \"median_ns\": " + std::to_string(median(ns[k])) +
+                 ", \"median_ratio_to_2\": " + std::to_string(median(ratio)) + ", \"turns_ns\": [" + turns_json + "]");
   }
 }
 
@@ -477,6 +569,7 @@ int main(int argc, char** argv) {
   // destroyed (its allocate took 55 us on the H100 afterwards), which would skew what follows.
   if (want("live")) live_blocks();
   if (want("ring")) ring();
+  if (want("ring")) ring_interleaved();
   if (want("pools")) many_pools();
   if (want("raw")) raw_churn();
   if (want("churn")) churn();
