@@ -102,12 +102,13 @@ void ring() {
     // Every stream takes part several times; at most 40,000 rounds (the driver's ring at
     // 10,000 streams costs about 0.1 ms a round).
     const int rounds = std::min(std::max(quick ? 4 * n : 16 * n, quick ? 5000 : 40000), 40000);
-    auto time_rounds = [&](auto&& round) {
-      for (int r = 0; r < std::min(rounds, 2 * n + 1000); ++r) round(r);
+    auto time_rounds = [&](auto&& round, int count = 0) {
+      if (count == 0) count = rounds;
+      for (int r = 0; r < std::min(count, 2 * n + 1000); ++r) round(r);
       BENCH_CHECK(cudaDeviceSynchronize());
       const auto t = clk::now();
-      for (int r = 0; r < rounds; ++r) round(r);
-      const double ns = seconds_since(t) * 1e9 / rounds;
+      for (int r = 0; r < count; ++r) round(r);
+      const double ns = seconds_since(t) * 1e9 / count;
       BENCH_CHECK(cudaDeviceSynchronize());
       return ns;
     };
@@ -162,17 +163,19 @@ void ring() {
     });
     // The ordering alone, timed the same way as the rounds: what the round costs without its
     // allocate and free. Through streamalloc it includes the ordering records' clocks; raw, it
-    // is the driver's record and wait and nothing else.
+    // is the driver's record and wait and nothing else. At most 10,000 rounds: from 1,024
+    // streams on these cost tens of microseconds a round (docs/pool.md, "The ring's sizes
+    // timed in turn").
     const double order_alone = time_rounds([&](int r) {
       const int i = r % n, j = (i + 1) % n;
       e[i].record(s[i]);
       s[j].wait(e[i]);
-    });
+    }, std::min(rounds, 10000));
     const double raw_order = time_rounds([&](int r) {
       const int i = r % n, j = (i + 1) % n;
       BENCH_CHECK(cudaEventRecord(re[i], s[i].get()));
       BENCH_CHECK(cudaStreamWaitEvent(s[j].get(), re[i], 0));
-    });
+    }, std::min(rounds, 10000));
     std::printf("%8d %12.0f %12.0f %9.2fx %14.0f %14.0f %14.0f %14.0f %14.0f %14.0f %14.0f\n", n, ours, async,
                 async / ours, ours_split.alloc_free_ns, async_split.alloc_free_ns, ours_split.record_wait_ns,
                 async_split.record_wait_ns, query, order_alone, raw_order);
