@@ -23,7 +23,12 @@
 // streamalloc's), so one pass per replay made the ratios of one run unreliable. Memory is from
 // the first replay's first pass.
 //
-//   bench_trace_replay [--json FILE] [--traces DIR] [--reps N] [--warm N] [trace files or folders...]
+// Then the ratio the targets ask for, streamalloc's default over the driver's pool on a warm
+// pool, from --turns pairs of warm passes taken in turn (both allocators alive side by side,
+// the pair's first alternating): the median of the pairs' ratios. The medians above come from
+// passes timed at different moments, and the machine's speed moves by up to 2x between them.
+//
+//   bench_trace_replay [--json FILE] [--traces DIR] [--reps N] [--warm N] [--turns N] [trace files or folders...]
 //
 // Without trace arguments, every *.trace.gz of --traces (default: the source tree's
 // bench/traces).
@@ -281,9 +286,50 @@ std::string gib(double bytes) {
   return buf;
 }
 
+/// The ratio the target asks for (streamalloc's default pool over the driver's pool, ns per
+/// operation on a warm pool), from warm passes taken in turn: both allocators made and warmed
+/// side by side, then `turns` pairs of passes, the first of each pair alternating between them,
+/// each turn's ratio from two passes a few milliseconds apart. The machine's speed moves by up
+/// to 2x between moments (docs/pool.md, "The ring's sizes timed in turn"); medians of passes
+/// timed at different moments, as above, carry that into the ratio.
+struct in_turn_result {
+  std::vector<double> ratio, ours_ns, driver_ns;
+  std::string failed;
+};
+
+in_turn_result replay_in_turn(const bench::recorded_trace& t, std::vector<streamalloc::stream>& streams,
+                              const std::vector<cudaStream_t>& raw, int turns) {
+  in_turn_result out;
+  async_replay driver(raw);
+  streamalloc_replay ours(streams, false);
+  std::vector<void*> pd(t.allocations(), nullptr), po(t.allocations(), nullptr);
+  const double ops = static_cast<double>(t.ops.size());
+  // One pass of each, untimed, so that both are warm; then the turns.
+  for (int k = -1; k < turns; ++k) {
+    double ns[2] = {0, 0};  // driver, ours
+    for (int i = 0; i < 2; ++i) {
+      const bool driver_now = (k & 1) ? i == 1 : i == 0;
+      const pass_result r = driver_now ? replay_pass(driver, t, pd) : replay_pass(ours, t, po);
+      failure f = r.f;
+      const bool freed = driver_now ? release_live(driver, t, pd, f) : release_live(ours, t, po, f);
+      if (r.failed_at || !freed) {
+        out.failed = std::string(driver_now ? "cudaMallocAsync" : "streamalloc") + ": " +
+                     (r.failed_at ? describe_op(t, *r.failed_at) + ": " : std::string()) + one_line(f.why);
+        return out;
+      }
+      ns[driver_now ? 0 : 1] = r.seconds * 1e9 / ops;
+    }
+    if (k < 0) continue;
+    out.driver_ns.push_back(ns[0]);
+    out.ours_ns.push_back(ns[1]);
+    out.ratio.push_back(ns[1] / ns[0]);
+  }
+  return out;
+}
+
 /// Replays one trace against every allocator and prints its table. False when an allocator
 /// failed other than by running out of memory.
-bool replay_trace(const bench::recorded_trace& t, int reps, int warm, const std::string& traces_dir) {
+bool replay_trace(const bench::recorded_trace& t, int reps, int warm, int turns, const std::string& traces_dir) {
   std::printf("\ntrace %s (%s)\n  %zu operations, %zu allocations (%zu live at the end), %u stream%s, peak live %s\n",
               t.name.c_str(), t.path.c_str(), t.ops.size(), t.allocations(), t.live_at_end, t.streams,
               t.streams == 1 ? "" : "s", gib(double(t.peak_live)).c_str());
@@ -337,6 +383,8 @@ bool replay_trace(const bench::recorded_trace& t, int reps, int warm, const std:
     replay_once(results[2], rep, warm, t, [&] { return std::make_unique<streamalloc_replay>(streams, false); });
     replay_once(results[3], rep, warm, t, [&] { return std::make_unique<streamalloc_replay>(streams, true); });
   }
+
+  const in_turn_result turn = replay_in_turn(t, streams, raw, turns);
 
   const double peak = double(t.peak_live);
   std::printf("%-40s %15s %12s %13s %13s %17s\n", "allocator", "reserved high", "/ peak live", "ns/op first", "ns/op again",
@@ -397,6 +445,20 @@ bool replay_trace(const bench::recorded_trace& t, int reps, int warm, const std:
     add("default", torch_peaks->standard);
     add("expandable", torch_peaks->expandable);
   }
+  if (!turn.failed.empty()) {
+    std::printf("  warm passes in turn: FAILED, %s\n", turn.failed.c_str());
+    ok = false;
+  } else {
+    const auto [lo, hi] = std::minmax_element(turn.ratio.begin(), turn.ratio.end());
+    std::printf("  warm passes in turn (%d pairs), streamalloc (default) over cudaMallocAsync: %.3f, the median of the\n"
+                "  pairs' ratios (%.3f..%.3f); ns/op %.1f against %.1f (medians)\n",
+                turns, bench::median(turn.ratio), *lo, *hi, bench::median(turn.ours_ns), bench::median(turn.driver_ns));
+    rows.add("trace_" + t.name + "_in_turn",
+             "\"pairs\": " + std::to_string(turns) + ", \"ratio_median\": " + std::to_string(bench::median(turn.ratio)) +
+                 ", \"ratio_min\": " + std::to_string(*lo) + ", \"ratio_max\": " + std::to_string(*hi) +
+                 ", \"streamalloc_ns_per_op\": " + std::to_string(bench::median(turn.ours_ns)) +
+                 ", \"cudaMallocAsync_ns_per_op\": " + std::to_string(bench::median(turn.driver_ns)));
+  }
   rows.add("trace_" + t.name, trace_fields);
   for (auto& s : streams) s.synchronize();
   return ok;
@@ -409,14 +471,16 @@ int main(int argc, char** argv) {
   std::string traces_dir = STREAMALLOC_TRACES_DIR;
   int reps = 3;
   int warm = 5;
+  int turns = 9;
   std::vector<std::string> args;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--json") && i + 1 < argc) json = argv[++i];
     else if (!std::strcmp(argv[i], "--traces") && i + 1 < argc) traces_dir = argv[++i];
     else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::max(1, std::atoi(argv[++i]));
     else if (!std::strcmp(argv[i], "--warm") && i + 1 < argc) warm = std::max(1, std::atoi(argv[++i]));
+    else if (!std::strcmp(argv[i], "--turns") && i + 1 < argc) turns = std::max(1, std::atoi(argv[++i]));
     else if (argv[i][0] == '-') {
-      std::fprintf(stderr, "usage: bench_trace_replay [--json FILE] [--traces DIR] [--reps N] [--warm N] [trace files or folders...]\n");
+      std::fprintf(stderr, "usage: bench_trace_replay [--json FILE] [--traces DIR] [--reps N] [--warm N] [--turns N] [trace files or folders...]\n");
       return 2;
     } else {
       args.emplace_back(argv[i]);
@@ -449,7 +513,7 @@ int main(int argc, char** argv) {
               traces.size(), traces.size() == 1 ? "" : "s", reps, warm);
   int failures = 0;
   for (const auto& t : traces) {
-    if (!replay_trace(t, reps, warm, traces_dir)) ++failures;
+    if (!replay_trace(t, reps, warm, turns, traces_dir)) ++failures;
   }
   if (!json.empty()) {
     std::ofstream out(json);
