@@ -123,17 +123,29 @@ inline const std::vector<detail::graph_tie*>& detail::ties_of(const captured_gra
  * @throws std::logic_error when `s` is not being captured
  * @throws cuda_error as cudaStreamEndCapture fails (an invalidated capture, a stream that
  *   joined the capture rather than began it, a global-mode capture ended on another thread);
- *   the driver destroys the graph then, and the memory goes back to the pools
+ *   the driver destroys the graph then, and the memory goes back to the pools. An invalidated
+ *   capture is ended all the same (the stream is usable again). CUDA_ERROR_STREAM_CAPTURE_UNJOINED
+ *   when the capture ended without a graph because a stream that had joined it was destroyed.
  */
 [[nodiscard]] inline captured_graph end_capture(stream_ref s) {
-  const detail::capture_info capture = detail::capture_of(s.get(), "streamalloc::end_capture");
-  if (capture.id == 0) {
+  // Asked without refusing an invalidated capture: that one is ended too, the driver reporting
+  // why and destroying its graph, whose ties then give the memory back (graph_reaper.hpp).
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  const detail::capture_info capture = detail::capture_status(s.get(), status, "streamalloc::end_capture");
+  if (status == CU_STREAM_CAPTURE_STATUS_NONE) {
     throw std::logic_error("streamalloc::end_capture: the stream is not being captured (begin with "
                            "cudaStreamBeginCapture)");
   }
   CUgraph g = nullptr;
   detail::check(detail::cu::cuStreamEndCapture_nothrow(s.get(), &g), "cuStreamEndCapture",
                 [] { return std::string("streamalloc::end_capture: ending the capture"); });
+  if (g == nullptr) {
+    // Ended without a graph: a stream that joined the capture was destroyed meanwhile (the
+    // driver then ends it so, having destroyed the graph and its ties with it).
+    throw cuda_error(CUDA_ERROR_STREAM_CAPTURE_UNJOINED, "cuStreamEndCapture",
+                     "streamalloc::end_capture: the capture ended without a graph (a stream that had joined it "
+                     "was destroyed before it ended); its memory went back to the pools");
+  }
   // The graph now holds the user object of each tie of this capture: they live.
   std::vector<detail::graph_tie*> ties;
   try {

@@ -112,14 +112,15 @@ CUresult fake_cuStreamEndCapture(CUstream s, CUgraph* graph_out) {
   for (const capture_member& m : c->members) S().capturing_streams.erase(m.stream_key);
   const CUgraph graph = c->graph;
   const bool invalidated = c->invalidated;
+  const bool member_destroyed = c->member_destroyed;
   S().captures.erase(c->id);
   active_captures.fetch_sub(1, std::memory_order_release);
   auto g = S().graphs.find(graph);
   g->second.capturing = false;
-  if (invalidated) {  // the graph dies with the capture, and its user-object references with it
+  if (invalidated || member_destroyed) {  // the graph dies with the capture, and its user-object references with it
     destroy_graph_locked(g);
     *graph_out = nullptr;
-    return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    return invalidated ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED : CUDA_SUCCESS;
   }
   *graph_out = graph;
   return CUDA_SUCCESS;

@@ -61,6 +61,7 @@ struct capture {
   std::thread::id began_on;
   const void* origin = nullptr;  // the stream it must be ended on
   bool invalidated = false;
+  bool member_destroyed = false;  // a stream that joined it was destroyed: its end gives no graph
   std::vector<capture_member> members;  // origin first
 };
 

@@ -151,12 +151,25 @@ CUresult fake_cuStreamCreateWithPriority(CUstream* s, unsigned flags, int) {
 CUresult fake_cuStreamDestroy(CUstream s) {
   if (s == nullptr || reinterpret_cast<std::uintptr_t>(s) <= 2) return CUDA_ERROR_INVALID_HANDLE;
   if (any_capture()) {
-    // A capture keeps its streams by address; destroying one in the middle would leave the
-    // capture naming a dead stream, so the fake refuses and invalidates the capture.
+    // As the driver does (H200, 580.159.04, measured 2026-11-29): destroying the stream that
+    // began a capture ends the capture and destroys the graph being built, whose user objects'
+    // destructors run; a stream that joined a capture leaves it, the capture goes on, and its
+    // end then succeeds without a graph (the graph destroyed likewise).
     std::lock_guard lock(S().m);
     if (capture* c = capture_of_locked(s)) {
-      c->invalidated = true;
-      return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+      if (c->origin == s) {
+        for (const capture_member& m : c->members) S().capturing_streams.erase(m.stream_key);
+        const CUgraph graph = c->graph;
+        S().captures.erase(c->id);
+        active_captures.fetch_sub(1, std::memory_order_release);
+        auto g = S().graphs.find(graph);
+        g->second.capturing = false;
+        destroy_graph_locked(g);
+      } else {
+        std::erase_if(c->members, [&](const capture_member& m) { return m.stream_key == s; });
+        S().capturing_streams.erase(s);
+        c->member_destroyed = true;
+      }
     }
   }
   {

@@ -39,10 +39,11 @@ struct capture_info {
   throw_driver_failure(r, call, who + "asking whether the stream is being captured");
 }
 
-/// The capture `s` is in, asked in full (cuStreamGetCaptureInfo), once cuStreamIsCapturing
-/// said it is in one or failed.
-STREAMALLOC_COLD inline capture_info capture_in_full(CUstream s, const char* caller) {
-  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+/// The capture status of `s` (cuStreamGetCaptureInfo), with the capture's id and graph when it
+/// is active. Throws only when the driver will not answer (the legacy stream while a blocking
+/// stream captures, a destroyed stream); an invalidated capture is a status like another.
+STREAMALLOC_COLD inline capture_info capture_status(CUstream s, CUstreamCaptureStatus& status, const char* caller) {
+  status = CU_STREAM_CAPTURE_STATUS_NONE;
   capture_info c;
   CUresult r = cu::cuStreamGetCaptureInfo_nothrow(s, &status, &c.id, &c.graph, nullptr, nullptr, nullptr);
   if (r == CUDA_ERROR_INVALID_CONTEXT) {
@@ -51,9 +52,18 @@ STREAMALLOC_COLD inline capture_info capture_in_full(CUstream s, const char* cal
     ensure_context(default_stream_device());
     r = cu::cuStreamGetCaptureInfo_nothrow(s, &status, &c.id, &c.graph, nullptr, nullptr, nullptr);
   }
-  if (r == CUDA_SUCCESS && status == CU_STREAM_CAPTURE_STATUS_NONE) return {};  // the capture ended meanwhile
-  if (r == CUDA_SUCCESS && status == CU_STREAM_CAPTURE_STATUS_ACTIVE) return c;
-  throw_capture_problem(r, status, caller);
+  if (r != CUDA_SUCCESS) throw_capture_problem(r, status, caller);
+  if (status != CU_STREAM_CAPTURE_STATUS_ACTIVE) return {};  // the driver promises the rest only then
+  return c;
+}
+
+/// The capture `s` is in, asked in full (cuStreamGetCaptureInfo), once cuStreamIsCapturing
+/// said it is in one or failed. Throws for an invalidated capture: nothing may be added to it.
+STREAMALLOC_COLD inline capture_info capture_in_full(CUstream s, const char* caller) {
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  const capture_info c = capture_status(s, status, caller);
+  if (status == CU_STREAM_CAPTURE_STATUS_INVALIDATED) throw_capture_problem(CUDA_SUCCESS, status, caller);
+  return c;  // empty when the capture ended meanwhile
 }
 
 /// Whether stream `s` is being captured into a graph: one driver query, made by every

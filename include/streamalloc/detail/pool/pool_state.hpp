@@ -502,7 +502,9 @@ class pool_state {
 
   /// The token of a capturing stream for in-graph reuse, checking its device when known. CUDA
   /// refuses to tell a capturing stream's id or context, so a raw handle is not looked up: its
-  /// value names it (a stream cannot be destroyed while captured), and its device is not
+  /// value names it (a stream destroyed while captured ends its capture if it began it, and
+  /// otherwise leaves a capture that then ends without a graph, so a later stream given the
+  /// same value never shares a graph with it), and its device is not
   /// checked (a `stream` or resolved `stream_ref` carries its record, and is). The per-thread
   /// default stream's handle names another stream on each thread.
   std::uint64_t captured_stream(stream_ref s, const char* member) const {
