@@ -109,6 +109,7 @@ class stream_ref {
    * @throws cuda_error
    */
   host_order synchronize() const {
+    const detail::record_context_scope in_its_context(stream_, record_);
     detail::stream_record& r = record();
     const std::uint64_t point = r.begin_synchronize();
     detail::check(detail::cu::cuStreamSynchronize_nothrow(stream_), "cuStreamSynchronize");
@@ -119,6 +120,7 @@ class stream_ref {
   /// True if all the stream's work is done (`cudaStreamQuery`); then as `synchronize()`.
   /// @throws cuda_error for errors other than "not ready"
   [[nodiscard]] bool query() const {
+    const detail::record_context_scope in_its_context(stream_, record_);
     detail::stream_record& r = record();
     const std::uint64_t point = r.begin_synchronize();
     const CUresult res = detail::cu::cuStreamQuery_nothrow(stream_);
@@ -296,6 +298,7 @@ class event_ref {
     }
     // Before the lock: meeting a stream may retire another.
     detail::stream_record* r = s.known_record();
+    const detail::record_context_scope in_its_context(s.get(), r);
     // Asked first of a raw handle, whose id CUDA tells only of a stream that is not capturing,
     // and of the legacy stream, which CUDA refuses (invalidating the capture) while a blocking
     // stream of its device captures: is_capturing throws then, before CUDA sees the record.
@@ -505,6 +508,7 @@ class event {
 
 inline stream_order stream_ref::wait(event_ref e) const {
   detail::stream_record* known = record_;
+  const detail::record_context_scope in_its_context(stream_, known);
   if (known == nullptr || detail::is_legacy_handle(stream_)) {  // asked first, as in event_ref::record
     if (detail::is_capturing(stream_, "streamalloc::stream_ref::wait")) [[unlikely]] return wait_in_capture(e);
     if (known == nullptr) known = &detail::resolve_uncaptured_stream(stream_);

@@ -217,4 +217,35 @@ inline stream_record& resolve_stream(CUstream s) { return resolve_stream_id(s, s
 /// stream-ordered calls): no switch of capture mode around the lookup, two driver calls fewer.
 inline stream_record& resolve_uncaptured_stream(CUstream s) { return resolve_stream_id(s, uncaptured_stream_id_of(s)); }
 
+
+/// The legacy default stream's handle names the legacy stream of whichever context is current.
+/// A reference that carries the record of one of them (stream_ref::resolved, and the buffers,
+/// resources and arenas made on it) must reach that one, whatever the caller made current
+/// since: while this guard lives, the record's context is current, pushed when another is.
+/// Other handles name one stream everywhere, and a reference without a record is looked up in
+/// the current context: nothing to do for them.
+class record_context_scope {
+ public:
+  /// @throws cuda_error when the driver refuses to tell or change the current context
+  record_context_scope(CUstream s, const stream_record* r) {
+    if (r == nullptr || !is_legacy_handle(s)) return;
+    const auto ctx = static_cast<CUcontext>(r->context());
+    if (ctx == nullptr) return;
+    CUcontext current = nullptr;
+    cu::cuCtxGetCurrent(&current);
+    if (current == ctx) return;
+    cu::cuCtxPushCurrent(ctx);
+    pushed_ = true;
+  }
+  ~record_context_scope() {
+    CUcontext popped = nullptr;
+    if (pushed_) (void)cu::cuCtxPopCurrent_nothrow(&popped);
+  }
+  record_context_scope(const record_context_scope&) = delete;
+  record_context_scope& operator=(const record_context_scope&) = delete;
+
+ private:
+  bool pushed_ = false;
+};
+
 }  // namespace streamalloc::detail
