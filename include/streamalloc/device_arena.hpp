@@ -399,7 +399,7 @@ class device_arena {
   [[nodiscard]] device_arena_usage usage() const {
     std::array<unsigned long long, detail::arena_header_bytes / sizeof(unsigned long long)> h{};
     if (memory_ != nullptr) {
-      const in_context_of in(stream_.get());
+      const in_context_of in(stream_);
       detail::check_runtime(cudaMemcpyAsync(h.data(), memory_, detail::arena_header_bytes, cudaMemcpyDeviceToHost,
                                             stream_.get()),
                             "cudaMemcpyAsync");
@@ -416,20 +416,15 @@ class device_arena {
   /// runtime refuses copies to pageable memory on another device's stream).
   class in_context_of {
    public:
-    explicit in_context_of(cudaStream_t s) : in_(context_of(s)) {}
+    explicit in_context_of(stream_ref s) : in_(detail::context_of(s)) {}
 
    private:
-    static CUcontext context_of(cudaStream_t s) {
-      CUcontext ctx = nullptr;
-      detail::cu::cuStreamGetCtx(static_cast<CUstream>(s), &ctx);
-      return ctx;
-    }
     detail::scoped_context in_;
   };
 
   void enqueue_memset(void* p, std::size_t bytes) {
     {
-      const in_context_of in(stream_.get());
+      const in_context_of in(stream_);
       detail::check_runtime(cudaMemsetAsync(p, 0, bytes, stream_.get()), "cudaMemsetAsync");
     }
     touch();

@@ -170,6 +170,21 @@ class stream_ref {
   detail::stream_record* record_ = nullptr;
 };
 
+namespace detail {
+/// The context of the stream `s` names, for calls that must be made in it: for a legacy
+/// reference that carries its record, the context the record was made in (the handle itself
+/// names the current context's legacy stream); otherwise the driver's answer.
+/// @throws cuda_error
+inline CUcontext context_of(stream_ref s) {
+  if (const stream_record* r = s.known_record(); r != nullptr && r->context() != nullptr && is_legacy_handle(s.get())) {
+    return static_cast<CUcontext>(r->context());
+  }
+  CUcontext ctx = nullptr;
+  check(cu::cuStreamGetCtx_nothrow(s.get(), &ctx), "cuStreamGetCtx");
+  return ctx;
+}
+}  // namespace detail
+
 /// How a new `stream` relates to the legacy default stream.
 enum class stream_flags : unsigned {
   non_blocking = CU_STREAM_NON_BLOCKING,  ///< runs concurrently with the legacy default stream

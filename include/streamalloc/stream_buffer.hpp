@@ -343,7 +343,7 @@ class basic_stream_buffer {
   /// Sets every byte to zero, on `stream()`.
   void fill_zero() {
     {
-      const stream_context in_stream_context(stream_.get());
+      const stream_context in_stream_context(stream_);
       detail::check_runtime(cudaMemsetAsync(data_, 0, size_bytes(), stream_.get()), "cudaMemsetAsync");
     }
     touch();
@@ -617,7 +617,7 @@ class basic_stream_buffer {
   void copy_bytes(void* dst, const void* src, std::size_t bytes) const {
     if (bytes == 0) return;
     {
-      const stream_context in_stream_context(stream_.get());
+      const stream_context in_stream_context(stream_);
       detail::check_runtime(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_.get()), "cudaMemcpyAsync");
     }
     touch();
@@ -628,14 +628,9 @@ class basic_stream_buffer {
   /// (cudaErrorInvalidValue, on two H200s), as in one process driving several GPUs.
   class stream_context {
    public:
-    explicit stream_context(cudaStream_t s) : in_(context_of(s)) {}
+    explicit stream_context(stream_ref s) : in_(detail::context_of(s)) {}
 
    private:
-    static CUcontext context_of(cudaStream_t s) {
-      CUcontext ctx = nullptr;
-      detail::cu::cuStreamGetCtx(static_cast<CUstream>(s), &ctx);
-      return ctx;
-    }
     detail::scoped_context in_;
   };
 

@@ -69,9 +69,7 @@ class buffer_readers {
   /// An event recorded on `s` now, made in `s`'s context (an event is recorded only on streams
   /// of the context it was made in).
   static std::unique_ptr<event> event_after(stream_ref s) {
-    CUcontext ctx = nullptr;
-    check(cu::cuStreamGetCtx_nothrow(s.get(), &ctx), "cuStreamGetCtx");
-    std::unique_ptr<event> e = make_event_in(ctx);
+    std::unique_ptr<event> e = make_event_in(context_of(s));
     e->record(s);
     return e;
   }
