@@ -154,7 +154,13 @@ class ipc_handle {
     if (!from_) return;
     try {
       from_->synchronize_accessors();
-    } catch (...) {  // a lost context: none of its work runs any more
+    } catch (const cuda_error&) {  // a lost context: none of its work runs any more
+    } catch (...) {
+      // Not known idle: kept mapped until the imported pool goes, rather than unmapped under
+      // work that may still use it.
+      from_.reset();
+      imported_ = {};
+      return;
     }
     from_->release(imported_.id);
     from_.reset();

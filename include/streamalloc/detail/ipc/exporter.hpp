@@ -18,8 +18,11 @@
 #include <cstdio>
 #include <list>
 #include <memory>
+#include <new>
 #include <random>
+#include <stdexcept>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -46,6 +49,7 @@ class exporter {
     if (::pipe2(wake, O_CLOEXEC | O_NONBLOCK) != 0) throw_errno("pipe");
     wake_read_ = unique_fd(wake[0]);
     wake_write_ = unique_fd(wake[1]);
+    fds_.reserve(3);  // the wake pipe, the listener and a first importer: the thread cannot throw for them
     thread_ = std::thread([this] { serve(); });
   }
   exporter(const exporter&) = delete;
@@ -82,6 +86,9 @@ class exporter {
   [[nodiscard]] std::size_t sessions() const noexcept { return session_count_.load(); }
 
  private:
+  static constexpr std::string_view out_of_host_memory =
+      "the exporting process is out of host memory; the import may be tried again";
+
   struct session {
     unique_fd socket;
     std::unordered_map<std::uint64_t, block*> imports;          // by import id
@@ -92,7 +99,7 @@ class exporter {
 
   void serve() {
     ensure_context(who_.device);  // exports of physical memory need a context
-    std::vector<pollfd> fds;
+    std::vector<pollfd>& fds = fds_;  // room for every session is made as each is accepted
     // After a request it polls without sleeping for a while (channel.hpp: spin_before_sleep):
     // an importer importing many pointers then finds it awake.
     auto busy_until = std::chrono::steady_clock::now();
@@ -129,9 +136,22 @@ class exporter {
     if (!s) return;  // the peer gave up already
     try {
       sessions_.push_back(session{std::move(s), {}, {}, {}, 0});
-      session_count_.store(sessions_.size());
     } catch (...) {  // out of host memory: the importer sees its socket closed
+      return;
     }
+    try {
+      fds_.reserve(sessions_.size() + 2);  // the wake pipe, the listener, every session
+    } catch (...) {  // as above: serve() must find room for every session's descriptor
+      sessions_.pop_back();
+      return;
+    }
+    try {
+      // Room for the next importer too, made now: when host memory runs out later, the
+      // reservation above then needs none, and that importer is served.
+      fds_.reserve(sessions_.size() + 3);
+    } catch (...) {
+    }
+    session_count_.store(sessions_.size());
   }
 
   /// Answers one request; false when the session is over (closed, or not speaking the protocol).
@@ -170,6 +190,15 @@ class exporter {
     import_reply* reply = reply_.get();
     reply->clear();
     block* b = nullptr;
+    // A refusal answers the request and keeps the session: its other imports stay held (ending
+    // it would release memory the importer still maps).
+    auto refuse = [&](std::string_view why) {
+      if (b != nullptr) core_->release_import(b);
+      reply->count = 0;
+      reply->refusal.set(why);
+      send_message(s.socket.get(), reply, reply->bytes());
+      return true;
+    };
     try {
       if (d.magic != magic || d.version != version) {
         throw std::invalid_argument("the descriptor is not one streamalloc made (or of another version)");
@@ -187,22 +216,30 @@ class exporter {
                                     " chunks of the pool, more than an import can map");
       }
     } catch (const std::invalid_argument& e) {
-      if (b != nullptr) core_->release_import(b);
-      reply->count = 0;
-      reply->refusal.set(e.what());
-      send_message(s.socket.get(), reply, reply->bytes());
-      return true;
+      return refuse(e.what());
+    } catch (const std::bad_alloc&) {
+      return refuse(out_of_host_memory);
     }
     const std::uint64_t id = ++s.next_id;
+    // The session's books, undone in full when host memory runs out part-way, so that the
+    // session's end does not release the import a second time.
+    bool booked = false;
+    std::uint32_t counted = 0;
     try {
-      std::vector<std::uint64_t> chunks;
-      for (std::uint32_t i = 0; i < reply->count; ++i) chunks.push_back(reply->pieces[i].chunk);
+      std::vector<std::uint64_t> chunks(reply->count);
+      for (std::uint32_t i = 0; i < reply->count; ++i) chunks[i] = reply->pieces[i].chunk;
       s.imports.emplace(id, b);
-      for (auto c : chunks) ++s.chunk_uses[c];
+      booked = true;
+      for (; counted < reply->count; ++counted) ++s.chunk_uses[reply->pieces[counted].chunk];
       s.chunks_of.emplace(id, std::move(chunks));
-    } catch (...) {
-      core_->release_import(b);
-      throw;
+    } catch (const std::bad_alloc&) {
+      for (std::uint32_t i = 0; i < counted; ++i) {
+        if (auto u = s.chunk_uses.find(reply->pieces[i].chunk); u != s.chunk_uses.end() && --u->second == 0) {
+          s.chunk_uses.erase(u);
+        }
+      }
+      if (booked) s.imports.erase(id);
+      return refuse(out_of_host_memory);
     }
     reply->id = id;
     send_message(s.socket.get(), reply, reply->bytes());
@@ -224,7 +261,7 @@ class exporter {
       int fd = -1;
       const CUresult r = cu::cuMemExportToShareableHandle_nothrow(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
       if (r != CUDA_SUCCESS) {
-        f.refusal.set("cuMemExportToShareableHandle failed: " + detail::result_name(r));
+        set_failure(f, "cuMemExportToShareableHandle failed", r);
         send_message(s.socket.get(), &f, sizeof f);
         return true;
       }
@@ -234,10 +271,19 @@ class exporter {
       return true;
     }
     const CUresult r = cu::cuMemExportToShareableHandle_nothrow(&f.fabric, h, CU_MEM_HANDLE_TYPE_FABRIC, 0);
-    if (r != CUDA_SUCCESS) f.refusal.set("cuMemExportToShareableHandle (fabric) failed: " + detail::result_name(r));
+    if (r != CUDA_SUCCESS) set_failure(f, "cuMemExportToShareableHandle (fabric) failed", r);
     f.handle_type = static_cast<std::uint32_t>(shareable_handle_type::fabric);
     send_message(s.socket.get(), &f, sizeof f);
     return true;
+  }
+
+  /// A refusal naming the driver's error; without host memory for the text, without the name.
+  static void set_failure(fetch_reply& f, std::string_view what, CUresult r) noexcept {
+    try {
+      f.refusal.set(std::string(what) + ": " + detail::result_name(r));
+    } catch (...) {
+      f.refusal.set(what);
+    }
   }
 
   void release(session& s, std::uint64_t id) noexcept {
@@ -268,6 +314,7 @@ class exporter {
   unique_fd listener_;
   unique_fd wake_read_, wake_write_;
   std::list<session> sessions_;  // the serving thread's only
+  std::vector<pollfd> fds_;       // the serving thread's: what it polls, room made in accept_one
   std::atomic<std::size_t> session_count_{0};
   std::atomic<bool> stop_{false};
   std::unique_ptr<import_reply> reply_ = std::make_unique_for_overwrite<import_reply>();  // the thread's, reused

@@ -17,7 +17,9 @@
 #include <streamalloc/physical_allocation.hpp>
 #include <streamalloc/pool_statistics.hpp>
 
+#include <array>
 #include <condition_variable>
+#include <cstdint>
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -123,15 +125,21 @@ class importer {
   }
 
   /// Waits for every device that may access the imports (before a release without an event).
+  /// Allocates nothing: an import given back while the host is out of memory must still wait.
   void synchronize_accessors() {
-    std::vector<int> devices;
+    std::array<std::uint64_t, (max_devices + 63) / 64> devices{};
     {
       std::lock_guard lock(mutex_);
       for (const auto& a : access_) {
-        if (a.location.is_device() && a.flags != access_flags::none) devices.push_back(a.location.id());
+        if (a.location.is_device() && a.flags != access_flags::none && a.location.id() >= 0 &&
+            a.location.id() < max_devices) {
+          devices[static_cast<std::size_t>(a.location.id()) / 64] |= std::uint64_t{1} << (a.location.id() % 64);
+        }
       }
     }
-    for (int d : devices) wait_for_device(d);
+    for (int d = 0; d < max_devices; ++d) {
+      if ((devices[static_cast<std::size_t>(d) / 64] >> (d % 64)) & 1) wait_for_device(d);
+    }
   }
 
   /// Grants (or revokes, with access_flags::none) device `who` access to every import, now and later.
@@ -283,11 +291,15 @@ class importer {
     std::vector<chunk_entry*> used;
     CUdeviceptr at = 0;
     try {
+      // Room first, so that a chunk is counted only once it is in both lists: out of host
+      // memory part-way, the catch below undoes exactly what was counted.
+      used.reserve(reply.count);
+      e.chunks.reserve(reply.count);
       for (std::uint32_t i = 0; i < reply.count; ++i) {
         chunk_entry& c = chunk_of(reply.pieces[i]);
-        ++c.uses;
         used.push_back(&c);
         e.chunks.push_back(reply.pieces[i].chunk);
+        ++c.uses;
       }
       if (reply.count == 1) {
         at = used[0]->va.address() + reply.pieces[0].offset;
@@ -303,14 +315,14 @@ class importer {
         grant(e.va.address(), e.va.size(), access_);
         at = e.va.address() + reply.pieces[0].offset;
       }
+      imports_.emplace(reply.id, std::move(e));  // out of host memory: e is destroyed or intact
     } catch (...) {
       e.maps.clear();
-      for (std::size_t i = 0; i < used.size(); ++i) {
-        if (--used[i]->uses == 0) chunks_.erase(e.chunks[i]);
+      for (std::size_t i = 0; i < used.size(); ++i) {  // the pieces name the chunks, whatever became of e
+        if (--used[i]->uses == 0) chunks_.erase(reply.pieces[i].chunk);
       }
       throw;
     }
-    imports_.emplace(reply.id, std::move(e));
     imported_bytes_ += bytes;
     return imported{reply.id, at, bytes};
   }

@@ -79,12 +79,15 @@ struct pool_graph_tie final : graph_tie {
       : graph_tie(id), core(std::move(c)), device(dev) {}
 
   void release() noexcept override {
+    stream_key host;
     try {
       ensure_context(device);
+      // Made when the tie was (tie_to_graph): asked here it allocates nothing.
+      host = host_key();
     } catch (...) {  // the context is gone: so is the memory
       return;
     }
-    core->release_graph(capture, host_key());
+    core->release_graph(capture, host);
   }
 
   std::string launch_refusal(bool auto_free) override { return core->graph_launch_refusal(capture, auto_free); }
@@ -523,6 +526,9 @@ class pool_state {
   /// capture), and registered for end_capture to find. Called by the core under its lock; on
   /// failure the core forgets the segment.
   void tie_to_graph(detail::capture_info capture) {
+    // The synchronous pseudo-stream's record, made now if it is the first use in the process:
+    // the graph's release (on the reaper, where nothing may throw) asks for it.
+    (void)detail::host_key();
     auto& reaper = detail::graph_reaper::instance();
     reaper.start();
     auto tie = std::make_unique<detail::pool_graph_tie>(core_, capture.id, device_);
