@@ -12,7 +12,7 @@
 // Crashes (std::terminate, SIGSEGV) are shown in a child process running suite
 // host_oom_graphs_child, whose cases do nothing in any other process.
 //
-// Cases marked doctest::should_fail show a bug; the comment above each names it and the fix.
+// The comment above each case names the bug it was written for, fixed since.
 
 #include <streamalloc/captured_graph.hpp>
 #include <streamalloc/detail/driver/driver_api.hpp>
@@ -343,19 +343,12 @@ TEST_SUITE("host_oom_graphs") {
 
 // --- the graph reaper: a graph's memory goes back with no host memory -------------------------
 
-// BUG (pool_core::release_graph, pool_graphs.hpp:252-256): a block the graph left live becomes
-// an ordinary live allocation through live_.insert, which needs host memory (a shard of the live
-// table is allocated on its first insert, and grows). When that fails the block is dropped on
-// the floor ("unreachable, held until the pool closes"): its owner's valid free is then refused
-// as a bad free (std::invalid_argument here; the default bad-free handler aborts the process for
-// a resource's or a stream_buffer's noexcept free), and its memory and chunk are held until the
-// pool closes. Fix: never need host memory there: reserve the live-table slot when the block
-// joins the graph (graph_segments::hold, which may throw), e.g. a per-shard reserved count in
-// live_table's growth check and a noexcept insert_reserved used by release_graph; or keep the
-// block in graphs_' address index (take() erasing each entry only once its block is placed) as
-// an orphan that free_graph_block frees like a live block.
-TEST_CASE("a graph's live allocation stays freeable when the reaper has no host memory to index it" *
-          doctest::should_fail()) {
+// pool_core::release_graph made a block the graph left live an ordinary live allocation through
+// live_.insert, which needs host memory (a shard of the live table is allocated on its first
+// insert, and grows); when that failed the block was dropped: its owner's valid free was refused
+// as a bad free, and its memory held until the pool closed. Such a block is now listed through
+// itself, where deallocate finds it.
+TEST_CASE("a graph's live allocation stays freeable when the reaper has no host memory to index it") {
   pool p(pool_properties{.release_threshold = SIZE_MAX, .chunk_size = 2 * MiB});
   stream s;
   void* sync = oom_make_host_state(p);
@@ -379,16 +372,11 @@ TEST_CASE("a graph's live allocation stays freeable when the reaper has no host 
   CHECK(end.reserved_current == 0);
 }
 
-// BUG (pool_core::release_graph, pool_graphs.hpp:232-236 and 257): the state the live accounting
-// of a block the graph left live goes to (the synchronous pseudo-stream's) is made there on first
-// use, which needs host memory; when that fails the block becomes a live allocation that is not
-// counted. Its free later subtracts what was never added, so used_current and live_allocations
-// stay short by it for the pool's life (clamped at 0, they look right only while nothing else is
-// live). Fix: count it without a state: a noexcept stream_table member adding to the folded
-// totals (folded_bytes_, folded_count_, then note_used), used when state_for throws; or make
-// the host state when the segment is made (segment_for, which may throw).
-TEST_CASE("a graph's live allocation is counted when the reaper has no host memory for its accounting" *
-          doctest::should_fail()) {
+// pool_core::release_graph counted a block the graph left live in the synchronous pseudo-stream's
+// state, made there on first use, which needs host memory; when that failed the block was not
+// counted, and its free later subtracted what was never added (used_current and
+// live_allocations short for the pool's life). It is now counted without a state.
+TEST_CASE("a graph's live allocation is counted when the reaper has no host memory for its accounting") {
   pool p(pool_properties{.release_threshold = SIZE_MAX, .chunk_size = 2 * MiB});
   stream s;
   // The graph takes this chunk, free again, so the block it leaves live lands where a live
@@ -414,17 +402,12 @@ TEST_CASE("a graph's live allocation is counted when the reaper has no host memo
   CHECK(p.statistics().used_current == 0);
 }
 
-// BUG (pool_core::release_graph, pool_graphs.hpp:272-277; the same in release_import,
-// pool_exports.hpp:66-71): memory allocated outside a capture and freed inside it on a raw stream
-// waits, once the graph is gone, for a device-wide synchronization, in awaiting_device_idle_;
-// the entry needs host memory, and when it cannot be made the block is left in state graph, in
-// no list: neither live nor free, never reused, its chunk never released, until the pool closes.
-// Fix: reserve the entry when the block is adopted (deallocate_captured, which may throw): keep a
-// count of adopted blocks whose freer is unknown and reserve awaiting_device_idle_ for all of
-// them there, so that release_graph's emplace_back never allocates.
+// pool_core::release_graph (and release_import) listed memory allocated outside a capture and
+// freed inside it on a raw stream in awaiting_device_idle_, whose entry needs host memory; when
+// it could not be made the block was in no list, never reused, its chunk never released. Such a
+// block is now listed through itself, and freed by the same device-wide synchronization.
 TEST_CASE("memory a graph took over from a raw stream comes back after a device-wide synchronization, "
-          "whatever host memory the reaper had" *
-          doctest::should_fail()) {
+          "whatever host memory the reaper had") {
   pool p(pool_properties{.max_size = 2 * MiB, .release_threshold = SIZE_MAX, .chunk_size = 2 * MiB});
   CUstream raw = nullptr;
   cu::cuStreamCreateWithPriority(&raw, CU_STREAM_NON_BLOCKING, 0);

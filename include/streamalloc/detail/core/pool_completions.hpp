@@ -23,7 +23,7 @@ bool pool_core<Backend>::frees_in_flight() {
     settle(st, /*query_events=*/true, stream_key{});
     in_flight = in_flight || st.has_frees();
   });
-  in_flight = in_flight || !awaiting_device_idle_.empty();
+  in_flight = in_flight || !awaiting_device_idle_.empty() || awaiting_unlisted_ != nullptr;
   return in_flight;
 }
 

@@ -480,6 +480,13 @@ class pool_core final : public completion_listener {
   state* drop_held_free(block* b) noexcept;
   /// Frees the blocks of awaiting_device_idle_ that a device-wide synchronization has cleared.
   void clear_after_device_idle() noexcept;
+  /// `b` (in no bins) becomes free once a device-wide synchronization begun from now on ends:
+  /// in awaiting_device_idle_, or, when the host has no memory for its entry, in the list
+  /// linked through the blocks themselves.
+  void await_device_idle(block* b) noexcept;
+  /// A live block of a gone graph that the live table had no room for (see unindexed_), taken
+  /// out of that list; null if `p` starts none.
+  block* take_unindexed(std::uint64_t p) noexcept;
   /// deallocate, once the pool has exported a block: under the pool lock (pool_exports.hpp).
   void deallocate_exported(std::uint64_t p, state& st);
 
@@ -586,6 +593,12 @@ class pool_core final : public completion_listener {
   // Blocks of gone graphs that only a device-wide synchronization begun after the device count
   // given makes free (pool_graphs.hpp).
   std::vector<std::pair<block*, std::uint64_t>> awaiting_device_idle_;
+  // The same, for blocks the host had no memory to list: linked through next_free (in no bins),
+  // the device count in stamp.
+  block* awaiting_unlisted_ = nullptr;
+  // Live blocks of gone graphs that the live table had no room for (the host out of memory):
+  // linked through next_free, found by deallocate when the table does not know them.
+  block* unindexed_ = nullptr;
   std::vector<shared_pages> shared_pages_;  // per stream graphs are launched into
   // Exports (pool_exports.hpp): set once a block has been exported, never cleared; the last
   // serial given; bytes freed here that importers still hold.

@@ -65,16 +65,14 @@ void pool_core<Backend>::release_import(block* b) noexcept {
   }
   // The freeing stream's state is gone (it cannot be while held_frees counts the free, but a
   // free on an unknown stream would land here): a device-wide synchronization proves it done.
-  try {
-    awaiting_device_idle_.emplace_back(b, ordering().device_syncs_begun(options_.device));
-  } catch (...) {  // out of host memory: held until the pool closes
-  }
+  await_device_idle(b);
 }
 
 template <pool_backend Backend>
 void pool_core<Backend>::deallocate_exported(std::uint64_t p, state& st) {
   std::unique_lock lock(mutex_);
   block* b = live_.erase(p);
+  if (b == nullptr) [[unlikely]] b = take_unindexed(p);
   if (b == nullptr) [[unlikely]] {
     lock.unlock();
     if (free_graph_block(p, st)) return;

@@ -232,7 +232,7 @@ void pool_core<Backend>::release_graph(std::uint64_t capture, stream_key host) n
   state* hst = nullptr;
   try {
     hst = &streams_.state_for(host, mutex_);
-  } catch (...) {  // out of host memory: the blocks that stay live are not accounted
+  } catch (...) {  // out of host memory: the blocks that stay live are counted without a state
   }
   const capture_guard relaxed(backend_);
   std::lock_guard lock(mutex_);
@@ -251,10 +251,12 @@ void pool_core<Backend>::release_graph(std::uint64_t capture, stream_key host) n
       set_state(b, block_state::live);
       try {
         live_.insert(b->addr, b);
-      } catch (...) {
-        continue;  // out of host memory: unreachable, held until the pool closes
+      } catch (...) {  // out of host memory: listed apart, where deallocate finds it
+        b->next_free = unindexed_;
+        unindexed_ = b;
       }
       if (hst != nullptr) streams_.account_allocate(*hst, b->size);
+      else streams_.account_allocate_unheld(b->size);
       continue;
     }
     if (b->use == graph_use::adopted && seg->launched) {
@@ -271,10 +273,7 @@ void pool_core<Backend>::release_graph(std::uint64_t capture, stream_key host) n
       }
       // An adoption on a stream the pool could not identify: until a device-wide
       // synchronization, work enqueued before the capture may still use it.
-      try {
-        awaiting_device_idle_.emplace_back(b, ordering().device_syncs_begun(options_.device));
-      } catch (...) {  // out of host memory: held until the pool closes
-      }
+      await_device_idle(b);
       continue;
     }
     make_clear(b);
@@ -307,6 +306,41 @@ void pool_core<Backend>::clear_after_device_idle() noexcept {
     make_clear(a.first);
     return true;
   });
+  for (block** at = &awaiting_unlisted_; *at != nullptr;) {
+    block* b = *at;
+    if (done <= b->stamp) {
+      at = &b->next_free;
+      continue;
+    }
+    *at = b->next_free;
+    b->next_free = nullptr;
+    b->stamp = 0;
+    make_clear(b);
+  }
+}
+
+template <pool_backend Backend>
+void pool_core<Backend>::await_device_idle(block* b) noexcept {
+  const std::uint64_t since = ordering().device_syncs_begun(options_.device);
+  try {
+    awaiting_device_idle_.emplace_back(b, since);
+  } catch (...) {  // out of host memory: listed through the block itself
+    b->stamp = since;
+    b->next_free = awaiting_unlisted_;
+    awaiting_unlisted_ = b;
+  }
+}
+
+template <pool_backend Backend>
+block* pool_core<Backend>::take_unindexed(std::uint64_t p) noexcept {
+  for (block** at = &unindexed_; *at != nullptr; at = &(*at)->next_free) {
+    block* b = *at;
+    if (b->addr != p) continue;
+    *at = b->next_free;
+    b->next_free = nullptr;
+    return b;
+  }
+  return nullptr;
 }
 
 }  // namespace streamalloc::detail

@@ -34,6 +34,7 @@ pool_statistics pool_core<Backend>::statistics() {
     s.largest_free_block = std::max({s.largest_free_block, st.pending.largest(), st.cache.largest()});
   });
   for (const auto& [b, since] : awaiting_device_idle_) s.free_pending += b->size;  // awaiting proof too
+  for (const block* b = awaiting_unlisted_; b != nullptr; b = b->next_free) s.free_pending += b->size;
   s.free_pending += imported_held_;  // awaiting other processes' releases
   s.chunks = space_.chunks().size();
   s.remapped_chunks = space_.remapped();

@@ -59,7 +59,11 @@ inline void pool_core<Backend>::deallocate(std::uint64_t p, stream_key s) {
   block* b = live_.erase(p);
   if (b == nullptr) [[unlikely]] {
     if (free_graph_block(p, st)) return;
-    throw std::invalid_argument(explain_bad_free(p));
+    {
+      std::lock_guard lock(mutex_);  // a gone graph's live block the table had no room for
+      b = take_unindexed(p);
+    }
+    if (b == nullptr) throw std::invalid_argument(explain_bad_free(p));
   }
   const std::uint64_t stamp = st.record->stamp();
   const std::uint64_t size = b->size;

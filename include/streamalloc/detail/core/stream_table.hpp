@@ -231,6 +231,13 @@ class stream_table {
       note_used(used_now());
     }
   }
+  /// An allocation that no stream's state holds (its state could not be made for lack of host
+  /// memory): counted with the recycled states' shares, where a free on any stream balances it.
+  void account_allocate_unheld(std::uint64_t size) noexcept {
+    folded_count_.fetch_add(1, std::memory_order_relaxed);
+    folded_bytes_.fetch_add(static_cast<std::int64_t>(size), std::memory_order_relaxed);
+    note_used(used_now());
+  }
   void account_free(state& st, std::uint64_t size) noexcept {
     st.live_bytes.fetch_sub(static_cast<std::int64_t>(size), std::memory_order_relaxed);
     st.live_count.fetch_sub(1, std::memory_order_relaxed);
