@@ -130,6 +130,10 @@ inline const std::vector<detail::graph_tie*>& detail::ties_of(const captured_gra
 [[nodiscard]] inline captured_graph end_capture(stream_ref s) {
   // Asked without refusing an invalidated capture: that one is ended too, the driver reporting
   // why and destroying its graph, whose ties then give the memory back (graph_reaper.hpp).
+  // The status alone first: CUDA answers it for the legacy stream during another stream's
+  // capture without invalidating that capture (is_capturing refuses then), which the full
+  // question does not promise.
+  (void)detail::is_capturing(s.get(), "streamalloc::end_capture");
   CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
   const detail::capture_info capture = detail::capture_status(s.get(), status, "streamalloc::end_capture");
   if (status == CU_STREAM_CAPTURE_STATUS_NONE) {

@@ -152,12 +152,19 @@ class ipc_handle {
   /// Ends the import now, after every device with access to it is idle (the destructor's way).
   void reset() noexcept {
     if (!from_) return;
+    bool idle = true;
     try {
       from_->synchronize_accessors();
-    } catch (const cuda_error&) {  // a lost context: none of its work runs any more
+    } catch (const cuda_error& e) {
+      // A lost or broken context: none of its work runs any more. Anything else (the device
+      // refusing the synchronization) proves nothing.
+      idle = no_work_runs_after(e.code());
     } catch (...) {
-      // Not known idle: kept mapped until the imported pool goes, rather than unmapped under
-      // work that may still use it.
+      idle = false;
+    }
+    if (!idle) {
+      // Not known idle: left in the imported pool, which maps it until it goes, rather than
+      // unmapped under work that may still use it.
       from_.reset();
       imported_ = {};
       return;
@@ -169,6 +176,25 @@ class ipc_handle {
 
  private:
   friend class imported_pool;
+  /// After this error no work of the context runs: it is gone, or broken for good.
+  static bool no_work_runs_after(CUresult r) noexcept {
+    switch (r) {
+      case CUDA_ERROR_DEINITIALIZED:
+      case CUDA_ERROR_INVALID_CONTEXT:
+      case CUDA_ERROR_CONTEXT_IS_DESTROYED:
+      case CUDA_ERROR_ILLEGAL_ADDRESS:
+      case CUDA_ERROR_ILLEGAL_INSTRUCTION:
+      case CUDA_ERROR_MISALIGNED_ADDRESS:
+      case CUDA_ERROR_INVALID_ADDRESS_SPACE:
+      case CUDA_ERROR_INVALID_PC:
+      case CUDA_ERROR_HARDWARE_STACK_ERROR:
+      case CUDA_ERROR_LAUNCH_FAILED:
+      case CUDA_ERROR_ASSERT:
+        return true;
+      default:
+        return false;
+    }
+  }
   ipc_handle(std::shared_ptr<detail::ipc::importer> from, detail::ipc::importer::imported i) noexcept
       : from_(std::move(from)), imported_(i) {}
 

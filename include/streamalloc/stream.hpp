@@ -307,13 +307,13 @@ class event_ref {
   /// Records the event on `s` (`cudaEventRecord`).
   /// @throws cuda_error
   void record(stream_ref s) const {
+    detail::stream_record* r = s.known_record();
+    const detail::record_context_scope in_its_context(s.get(), r);
     if (state_ == nullptr) {
       detail::check(detail::cu::cuEventRecord_nothrow(event_, s.get()), "cuEventRecord");
       return;
     }
     // Before the lock: meeting a stream may retire another.
-    detail::stream_record* r = s.known_record();
-    const detail::record_context_scope in_its_context(s.get(), r);
     // Asked first of a raw handle, whose id CUDA tells only of a stream that is not capturing,
     // and of the legacy stream, which CUDA refuses (invalidating the capture) while a blocking
     // stream of its device captures: is_capturing throws then, before CUDA sees the record.

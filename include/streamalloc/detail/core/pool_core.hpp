@@ -108,6 +108,10 @@ class pool_core final : public completion_listener {
       ++count;
       bytes += b->size;
     });
+    for (const block* b = unindexed_; b != nullptr; b = b->next_free) {
+      ++count;
+      bytes += b->size;
+    }
     streams_.for_each([&](state& st) { completion_.drop_events(st, /*wait=*/true); });
     release_all_pages();
     space_.release_all();
@@ -487,6 +491,9 @@ class pool_core final : public completion_listener {
   /// A live block of a gone graph that the live table had no room for (see unindexed_), taken
   /// out of that list; null if `p` starts none.
   block* take_unindexed(std::uint64_t p) noexcept;
+  /// Puts the blocks of unindexed_ into the live table as far as host memory allows, so that
+  /// everything that looks live blocks up finds them again. Under the pool lock.
+  void reindex_unindexed() noexcept;
   /// deallocate, once the pool has exported a block: under the pool lock (pool_exports.hpp).
   void deallocate_exported(std::uint64_t p, state& st);
 

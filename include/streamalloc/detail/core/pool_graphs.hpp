@@ -236,6 +236,7 @@ void pool_core<Backend>::release_graph(std::uint64_t capture, stream_key host) n
   }
   const capture_guard relaxed(backend_);
   std::lock_guard lock(mutex_);
+  if (unindexed_ != nullptr) [[unlikely]] reindex_unindexed();
   const std::unique_ptr<graph_segment> seg = graphs_.take(capture);
   if (seg == nullptr) return;
   // Merging below may absorb a block of this segment handled earlier into a later one's
@@ -328,6 +329,21 @@ void pool_core<Backend>::await_device_idle(block* b) noexcept {
     b->stamp = since;
     b->next_free = awaiting_unlisted_;
     awaiting_unlisted_ = b;
+  }
+}
+
+template <pool_backend Backend>
+void pool_core<Backend>::reindex_unindexed() noexcept {
+  for (block** at = &unindexed_; *at != nullptr;) {
+    block* b = *at;
+    try {
+      live_.insert(b->addr, b);
+    } catch (...) {  // still no host memory: left for the next look
+      at = &b->next_free;
+      continue;
+    }
+    *at = b->next_free;
+    b->next_free = nullptr;
   }
 }
 

@@ -113,6 +113,7 @@ std::uint64_t pool_core<Backend>::allocate_slow(std::uint64_t n, state& st, stre
   const capture_guard relaxed(backend_);
   std::unique_lock lock(mutex_);
   if (streams_.has_retiring()) recycle_retired();
+  if (unindexed_ != nullptr) [[unlikely]] reindex_unindexed();
   flush_cache(st, clear_neighbours::absorb);
   if (!st.record->handle_stable()) completion_.cover(st, s);  // at most one event per slow call
   block* b = find_memory(n, st, s, where, options_.reuse.internal_dependencies);

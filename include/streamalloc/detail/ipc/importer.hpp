@@ -23,6 +23,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -315,7 +316,11 @@ class importer {
         grant(e.va.address(), e.va.size(), access_);
         at = e.va.address() + reply.pieces[0].offset;
       }
-      imports_.emplace(reply.id, std::move(e));  // out of host memory: e is destroyed or intact
+      // Out of host memory: e is destroyed or intact. An id given twice (a faulty exporter):
+      // refused, the maps made for it undone.
+      if (!imports_.emplace(reply.id, std::move(e)).second) {
+        throw std::invalid_argument("streamalloc::imported_pool::import_pointer: the exporter gave an import id twice");
+      }
     } catch (...) {
       e.maps.clear();
       for (std::size_t i = 0; i < used.size(); ++i) {  // the pieces name the chunks, whatever became of e

@@ -263,9 +263,9 @@ class vmm_backend {
    * with peer access, streams of several devices use one pool): querying or recording on the
    * handle there would reach the wrong device's legacy stream, and take its idleness for this
    * one's, so memory would be reused under work still running. While this guard lives, the
-   * context the stream's record was made in is current when the handle is the legacy one (or,
-   * for a record whose context is not known, the primary context of its device unless a
-   * context of that device is current). Any other handle names one stream everywhere.
+   * primary context of the stream's device is current when the handle is the legacy one and
+   * the record was made there, or the current context is another device's. Any other handle
+   * names one stream everywhere.
    * Never throws: without the context it leaves things as they are.
    */
   class stream_context {
@@ -275,12 +275,6 @@ class vmm_backend {
       if ((s != nullptr && s != CU_STREAM_LEGACY) || k.record == nullptr) return;
       CUcontext current = nullptr;
       if (cu::cuCtxGetCurrent_nothrow(&current) != CUDA_SUCCESS) return;
-      // The context the record was made in: its legacy stream is the one the record is of,
-      // whether a primary context or one the program made (cuCtxCreate) and made current.
-      if (const auto made_in = static_cast<CUcontext>(k.record->context()); made_in != nullptr) {
-        if (current != made_in) pushed_ = cu::cuCtxPushCurrent_nothrow(made_in) == CUDA_SUCCESS;
-        return;
-      }
       const int device = k.record->device();
       if (device < 0) return;
       CUcontext own = nullptr;
@@ -290,6 +284,14 @@ class vmm_backend {
         return;
       }
       if (current == own) return;
+      // A record made in its device's primary context is that context's legacy stream's, even
+      // while the caller has a context of its own of that device current. (A context the
+      // program made is not pushed: the pools may settle a record's frees after the program
+      // destroyed it.)
+      if (k.record->context() == own) {
+        pushed_ = cu::cuCtxPushCurrent_nothrow(own) == CUDA_SUCCESS;
+        return;
+      }
       CUdevice d{};
       // A context of the stream's device that the caller made current: its legacy stream is
       // the one the record was made for (the handle was resolved there).
