@@ -39,3 +39,22 @@ struct refusing_allocations {
 }
 [[gnu::noinline]] void operator delete(void* p) noexcept { std::free(p); }
 [[gnu::noinline]] void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+// Every other form that pairs with those, so that whatever the code under test uses (a
+// `new (std::nothrow)` among them) allocates and frees through the same malloc and free: a
+// sanitizer's own forms would otherwise allocate what these free (AddressSanitizer's
+// alloc-dealloc-mismatch). The aligned forms are left to the library: they pair among themselves.
+[[gnu::noinline]] void* operator new(std::size_t bytes, const std::nothrow_t&) noexcept {
+  try {
+    return ::operator new(bytes);
+  } catch (...) {
+    return nullptr;
+  }
+}
+[[gnu::noinline]] void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
+[[gnu::noinline]] void* operator new[](std::size_t bytes) { return ::operator new(bytes); }
+[[gnu::noinline]] void* operator new[](std::size_t bytes, const std::nothrow_t& tag) noexcept {
+  return ::operator new(bytes, tag);
+}
+[[gnu::noinline]] void operator delete[](void* p) noexcept { std::free(p); }
+[[gnu::noinline]] void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+[[gnu::noinline]] void operator delete[](void* p, const std::nothrow_t&) noexcept { std::free(p); }
