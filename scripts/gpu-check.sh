@@ -15,8 +15,9 @@
 #     --quick        build and tests only (no sanitizers, no benches)
 #     --steps LIST   the build, then only the steps named (comma-separated: ctest, sanitizers,
 #                    bench); for machines that limit how long one command may run: the whole
-#                    script takes about 12 minutes on an H100, so it runs as two calls there,
-#                    --steps ctest,sanitizers and then --steps bench on the same build tree.
+#                    script takes about 16 minutes on an H200 (the build 2 to 3, ctest 3, the
+#                    sanitizers 4 to 5, the benches 5 to 6), so it runs there as three calls on
+#                    the same build tree, --steps ctest, --steps bench, --steps sanitizers.
 set -uo pipefail
 
 here=$(cd "$(dirname "$0")/.." && pwd)
