@@ -399,7 +399,9 @@ class device_arena {
   [[nodiscard]] device_arena_usage usage() const {
     std::array<unsigned long long, detail::arena_header_bytes / sizeof(unsigned long long)> h{};
     if (memory_ != nullptr) {
-      const in_context_of in(stream_);
+      // The stream's context: the runtime refuses copies to pageable memory on another device's
+      // stream.
+      const detail::scoped_context in(detail::context_of(stream_));
       detail::check_runtime(cudaMemcpyAsync(h.data(), memory_, detail::arena_header_bytes, cudaMemcpyDeviceToHost,
                                             stream_.get()),
                             "cudaMemcpyAsync");
@@ -412,19 +414,9 @@ class device_arena {
   }
 
  private:
-  /// The stream's context current for a runtime call on it (as stream_buffer does: the
-  /// runtime refuses copies to pageable memory on another device's stream).
-  class in_context_of {
-   public:
-    explicit in_context_of(stream_ref s) : in_(detail::context_of(s)) {}
-
-   private:
-    detail::scoped_context in_;
-  };
-
   void enqueue_memset(void* p, std::size_t bytes) {
     {
-      const in_context_of in(stream_);
+      const detail::scoped_context in(detail::context_of(stream_));  // as in usage()
       detail::check_runtime(cudaMemsetAsync(p, 0, bytes, stream_.get()), "cudaMemsetAsync");
     }
     touch();

@@ -343,7 +343,10 @@ class basic_stream_buffer {
   /// Sets every byte to zero, on `stream()`.
   void fill_zero() {
     {
-      const stream_context in_stream_context(stream_);
+      // The stream's context current for a runtime call on it: the runtime refuses a copy to
+      // or from pageable host memory on another device's stream (cudaErrorInvalidValue, on two
+      // H200s), as in one process driving several GPUs.
+      const detail::scoped_context in_stream_context(detail::context_of(stream_));
       detail::check_runtime(cudaMemsetAsync(data_, 0, size_bytes(), stream_.get()), "cudaMemsetAsync");
     }
     touch();
@@ -617,22 +620,11 @@ class basic_stream_buffer {
   void copy_bytes(void* dst, const void* src, std::size_t bytes) const {
     if (bytes == 0) return;
     {
-      const stream_context in_stream_context(stream_);
+      const detail::scoped_context in_stream_context(detail::context_of(stream_));  // as in fill_zero
       detail::check_runtime(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_.get()), "cudaMemcpyAsync");
     }
     touch();
   }
-
-  /// The stream's context made current for a runtime call on the stream: the runtime refuses a
-  /// copy to or from pageable host memory on a stream of another device than the current one
-  /// (cudaErrorInvalidValue, on two H200s), as in one process driving several GPUs.
-  class stream_context {
-   public:
-    explicit stream_context(stream_ref s) : in_(detail::context_of(s)) {}
-
-   private:
-    detail::scoped_context in_;
-  };
 
   template <class... Q>
   void copy_buffer(const basic_stream_buffer<T, Q...>& other) {

@@ -217,7 +217,6 @@ inline stream_record& resolve_stream(CUstream s) { return resolve_stream_id(s, s
 /// stream-ordered calls): no switch of capture mode around the lookup, two driver calls fewer.
 inline stream_record& resolve_uncaptured_stream(CUstream s) { return resolve_stream_id(s, uncaptured_stream_id_of(s)); }
 
-
 /// The legacy default stream's handle names the legacy stream of whichever context is current.
 /// A reference that carries the record of one of them (stream_ref::resolved, and the buffers,
 /// resources and arenas made on it) must reach that one, whatever the caller made current

@@ -494,6 +494,20 @@ class pool_core final : public completion_listener {
   /// Puts the blocks of unindexed_ into the live table as far as host memory allows, so that
   /// everything that looks live blocks up finds them again. Under the pool lock.
   void reindex_unindexed() noexcept;
+  /// Takes out of a list linked through next_free (unindexed_, awaiting_unlisted_) every block
+  /// for which `take` (which may act on it) says so.
+  template <class Take>
+  static void unlink_where(block*& head, Take&& take) noexcept {
+    for (block** at = &head; *at != nullptr;) {
+      block* b = *at;
+      if (!take(b)) {
+        at = &b->next_free;
+        continue;
+      }
+      *at = b->next_free;
+      b->next_free = nullptr;
+    }
+  }
   /// deallocate, once the pool has exported a block: under the pool lock (pool_exports.hpp).
   void deallocate_exported(std::uint64_t p, state& st);
 

@@ -307,17 +307,12 @@ void pool_core<Backend>::clear_after_device_idle() noexcept {
     make_clear(a.first);
     return true;
   });
-  for (block** at = &awaiting_unlisted_; *at != nullptr;) {
-    block* b = *at;
-    if (done <= b->stamp) {
-      at = &b->next_free;
-      continue;
-    }
-    *at = b->next_free;
-    b->next_free = nullptr;
+  unlink_where(awaiting_unlisted_, [&](block* b) {
+    if (done <= b->stamp) return false;
     b->stamp = 0;
     make_clear(b);
-  }
+    return true;
+  });
 }
 
 template <pool_backend Backend>
@@ -334,29 +329,25 @@ void pool_core<Backend>::await_device_idle(block* b) noexcept {
 
 template <pool_backend Backend>
 void pool_core<Backend>::reindex_unindexed() noexcept {
-  for (block** at = &unindexed_; *at != nullptr;) {
-    block* b = *at;
+  unlink_where(unindexed_, [&](block* b) {
     try {
       live_.insert(b->addr, b);
+      return true;
     } catch (...) {  // still no host memory: left for the next look
-      at = &b->next_free;
-      continue;
+      return false;
     }
-    *at = b->next_free;
-    b->next_free = nullptr;
-  }
+  });
 }
 
 template <pool_backend Backend>
 block* pool_core<Backend>::take_unindexed(std::uint64_t p) noexcept {
-  for (block** at = &unindexed_; *at != nullptr; at = &(*at)->next_free) {
-    block* b = *at;
-    if (b->addr != p) continue;
-    *at = b->next_free;
-    b->next_free = nullptr;
-    return b;
-  }
-  return nullptr;
+  block* found = nullptr;
+  unlink_where(unindexed_, [&](block* b) {
+    if (b->addr != p) return false;
+    found = b;
+    return true;
+  });
+  return found;
 }
 
 }  // namespace streamalloc::detail

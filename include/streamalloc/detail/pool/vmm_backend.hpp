@@ -273,10 +273,10 @@ class vmm_backend {
     explicit stream_context(const stream_key& k) noexcept {
       const auto s = static_cast<CUstream>(k.native);
       if ((s != nullptr && s != CU_STREAM_LEGACY) || k.record == nullptr) return;
-      CUcontext current = nullptr;
-      if (cu::cuCtxGetCurrent_nothrow(&current) != CUDA_SUCCESS) return;
       const int device = k.record->device();
       if (device < 0) return;
+      CUcontext current = nullptr;
+      if (cu::cuCtxGetCurrent_nothrow(&current) != CUDA_SUCCESS) return;
       CUcontext own = nullptr;
       try {
         own = primary_context(device);
